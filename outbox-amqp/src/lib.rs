@@ -1,0 +1,1 @@
+//! Placeholder: the amqp publisher is being written.

@@ -1,0 +1,20 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod event;
+pub mod local;
+pub mod publisher;
+pub mod relay;
+pub mod retry;
+pub mod store;
+pub mod telemetry;
+#[cfg(feature = "test-utils")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
+pub mod testing;
+
+pub use event::{Event, EventError, Headers, NewEvent, TRACEPARENT};
+pub use local::{ChannelPublisher, NullPublisher, StdoutPublisher};
+pub use publisher::{FailureKind, Outcome, PublishError, Publisher};
+pub use relay::{BatchReport, Relay, RelayConfig, RelayStats, RelayStatsSnapshot};
+pub use retry::RetryPolicy;
+pub use store::{Claim, Decision, Store, StoreError};

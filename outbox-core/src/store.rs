@@ -1,0 +1,78 @@
+//! The storage side of the relay: claim a batch, then record what happened to each event.
+//!
+//! Claim and record are the only capabilities the relay needs; administration
+//! (dead letters, cleanup, statistics) lives in separate traits of the store crates.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::event::Event;
+
+/// A store the relay can claim events from.
+pub trait Store: Send + Sync {
+    /// A claimed batch; dropping it without [`Claim::complete`] releases the events.
+    type Claim: Claim;
+
+    /// Claim up to `limit` events that are due for publishing and not claimed by anyone else.
+    ///
+    /// With per-aggregate ordering on, a store returns at most one event per aggregate:
+    /// the oldest unpublished one, and only when no other relay holds it.
+    fn claim(&self, limit: usize) -> impl Future<Output = Result<Self::Claim, StoreError>> + Send;
+
+    /// Number of events waiting to be published (not dead-lettered), for the pending gauge.
+    fn pending(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Wait until new events may be available, or `timeout` passed. Defaults to sleeping:
+    /// plain polling. Stores with a wake-up channel return earlier.
+    fn wait_for_events(&self, timeout: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(timeout)
+    }
+}
+
+/// A batch of events claimed by one relay.
+pub trait Claim: Send {
+    /// The claimed events.
+    fn events(&self) -> &[Event];
+
+    /// Record one decision per event (same order as [`Claim::events`]) and release the claim.
+    fn complete(self, decisions: Vec<Decision>)
+        -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// What the store must record for one claimed event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Published: mark processed (or delete, per the store's retention).
+    Published,
+    /// Failed; try again after `delay`. Attempts + 1, `error` kept as the last error.
+    Retry {
+        /// Backoff before the next attempt.
+        delay: Duration,
+        /// The error to keep on the row.
+        error: String,
+    },
+    /// Failed for good: attempts + 1, dead-lettered with `error`.
+    DeadLetter {
+        /// The error to keep on the row.
+        error: String,
+    },
+}
+
+/// A storage failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database (or other backend) reported an error.
+    #[error("outbox store: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The store was used in a way it does not support.
+    #[error("outbox store: {0}")]
+    Invalid(String),
+}
+
+impl StoreError {
+    /// Wrap a backend error.
+    pub fn backend(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Backend(Box::new(error))
+    }
+}

@@ -1,0 +1,317 @@
+//! In-memory test doubles: a [`MemoryStore`] and a [`RecordingPublisher`].
+//!
+//! For unit tests of code built on the core only; the real stores and brokers
+//! are tested against the real services.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::event::{Event, EventError, NewEvent};
+use crate::publisher::{Outcome, PublishError, Publisher};
+use crate::store::{Claim, Decision, Store, StoreError};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Pending,
+    Published,
+    Dead,
+}
+
+#[derive(Debug)]
+struct Row {
+    event: Event,
+    available_at: DateTime<Utc>,
+    state: State,
+    claimed: bool,
+    last_error: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Rows {
+    rows: Vec<Row>,
+    next_seq: i64,
+}
+
+/// An outbox in memory, with the same claiming rules as the PostgreSQL store:
+/// due events only, one claim per event at a time, and with ordering on, only
+/// the oldest unpublished, not dead-lettered event of each aggregate.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    rows: Arc<Mutex<Rows>>,
+    ordering: bool,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store with per-aggregate ordering on.
+    pub fn new() -> Self {
+        Self {
+            rows: Arc::default(),
+            ordering: true,
+        }
+    }
+
+    /// Turn per-aggregate ordering on or off.
+    #[must_use]
+    pub fn with_ordering(mut self, ordering: bool) -> Self {
+        self.ordering = ordering;
+        self
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Rows> {
+        lock(&self.rows)
+    }
+
+    /// Add an event, as a committed enqueue would.
+    pub fn enqueue(&self, event: NewEvent) -> Result<Uuid, EventError> {
+        event.validate()?;
+        let payload = serde_json::value::RawValue::from_string(event.payload).map_err(|e| {
+            EventError::InvalidPayload {
+                event_id: event.id,
+                event_type: event.event_type.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        let mut rows = self.lock();
+        rows.next_seq += 1;
+        let now = Utc::now();
+        let seq = rows.next_seq;
+        rows.rows.push(Row {
+            event: Event {
+                id: event.id,
+                seq,
+                aggregate_type: event.aggregate_type,
+                aggregate_id: event.aggregate_id,
+                event_type: event.event_type,
+                payload,
+                headers: event.headers,
+                destination: event.destination,
+                created_at: now,
+                attempts: 0,
+            },
+            available_at: event.not_before.unwrap_or(now),
+            state: State::Pending,
+            claimed: false,
+            last_error: None,
+        });
+        Ok(event.id)
+    }
+
+    /// Ids of published events, in insertion order.
+    pub fn published_ids(&self) -> Vec<Uuid> {
+        self.ids_in(&State::Published)
+    }
+
+    /// Ids of dead-lettered events, in insertion order.
+    pub fn dead_letter_ids(&self) -> Vec<Uuid> {
+        self.ids_in(&State::Dead)
+    }
+
+    /// Attempts and last error of one event.
+    pub fn attempts(&self, id: Uuid) -> Option<(u32, Option<String>)> {
+        self.lock()
+            .rows
+            .iter()
+            .find(|r| r.event.id == id)
+            .map(|r| (r.event.attempts, r.last_error.clone()))
+    }
+
+    /// Make every pending event due now (skip backoff in tests).
+    pub fn make_all_due(&self) {
+        let now = Utc::now();
+        for row in &mut self.lock().rows {
+            row.available_at = row.available_at.min(now);
+        }
+    }
+
+    fn ids_in(&self, state: &State) -> Vec<Uuid> {
+        self.lock()
+            .rows
+            .iter()
+            .filter(|r| &r.state == state)
+            .map(|r| r.event.id)
+            .collect()
+    }
+}
+
+fn lock(rows: &Mutex<Rows>) -> MutexGuard<'_, Rows> {
+    // A panic in another test thread must not hide this test's result.
+    rows.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Store for MemoryStore {
+    type Claim = MemoryClaim;
+
+    async fn claim(&self, limit: usize) -> Result<MemoryClaim, StoreError> {
+        let now = Utc::now();
+        let mut rows = self.lock();
+        let mut blocked: HashSet<(String, String)> = HashSet::new();
+        let mut events = Vec::new();
+        for row in &mut rows.rows {
+            if events.len() >= limit {
+                break;
+            }
+            if row.state != State::Pending {
+                continue;
+            }
+            let key = (row.event.aggregate_type.clone(), row.event.aggregate_id.clone());
+            let head = !blocked.contains(&key);
+            if self.ordering {
+                blocked.insert(key);
+            }
+            if head && !row.claimed && row.available_at <= now {
+                row.claimed = true;
+                events.push(row.event.clone());
+            }
+        }
+        Ok(MemoryClaim {
+            rows: Arc::clone(&self.rows),
+            events,
+        })
+    }
+
+    async fn pending(&self) -> Result<u64, StoreError> {
+        Ok(self.ids_in(&State::Pending).len() as u64)
+    }
+}
+
+/// A batch claimed from a [`MemoryStore`]; dropping it releases the events.
+#[derive(Debug)]
+pub struct MemoryClaim {
+    rows: Arc<Mutex<Rows>>,
+    events: Vec<Event>,
+}
+
+impl Claim for MemoryClaim {
+    fn events(&self) -> &[Event] {
+        &self.events
+    }
+
+    async fn complete(self, decisions: Vec<Decision>) -> Result<(), StoreError> {
+        if decisions.len() != self.events.len() {
+            return Err(StoreError::Invalid(format!(
+                "{} decisions for {} events",
+                decisions.len(),
+                self.events.len()
+            )));
+        }
+        let now = Utc::now();
+        let mut rows = lock(&self.rows);
+        for (event, decision) in self.events.iter().zip(decisions) {
+            let Some(row) = rows.rows.iter_mut().find(|r| r.event.id == event.id) else {
+                continue;
+            };
+            row.event.attempts += 1;
+            match decision {
+                Decision::Published => row.state = State::Published,
+                Decision::Retry { delay, error } => {
+                    row.available_at = now + delay;
+                    row.last_error = Some(error);
+                }
+                Decision::DeadLetter { error } => {
+                    row.state = State::Dead;
+                    row.last_error = Some(error);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for MemoryClaim {
+    fn drop(&mut self) {
+        let mut rows = lock(&self.rows);
+        let ids: HashSet<Uuid> = self.events.iter().map(|e| e.id).collect();
+        for row in rows.rows.iter_mut().filter(|r| ids.contains(&r.event.id)) {
+            row.claimed = false;
+        }
+    }
+}
+
+type FailRule = Box<dyn Fn(&Event) -> Option<PublishError> + Send + Sync>;
+
+/// Records every event it publishes; can be told to fail some.
+pub struct RecordingPublisher {
+    published: Mutex<Vec<Event>>,
+    calls: AtomicUsize,
+    fail: FailRule,
+}
+
+impl Default for RecordingPublisher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for RecordingPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordingPublisher")
+            .field("calls", &self.calls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RecordingPublisher {
+    /// A publisher that accepts everything.
+    pub fn new() -> Self {
+        Self::failing_when(|_| None)
+    }
+
+    /// A publisher that fails an event when `rule` returns an error for it.
+    pub fn failing_when(
+        rule: impl Fn(&Event) -> Option<PublishError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            published: Mutex::default(),
+            calls: AtomicUsize::new(0),
+            fail: Box::new(rule),
+        }
+    }
+
+    /// Events published so far, in publish order.
+    pub fn published(&self) -> Vec<Event> {
+        self.published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Ids of events published so far, in publish order.
+    pub fn published_ids(&self) -> Vec<Uuid> {
+        self.published().iter().map(|e| e.id).collect()
+    }
+
+    /// Number of `publish` calls.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Publisher for RecordingPublisher {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        events
+            .iter()
+            .map(|event| match (self.fail)(event) {
+                Some(error) => Outcome::Failed(error),
+                None => {
+                    published.push(event.clone());
+                    Outcome::Published
+                }
+            })
+            .collect()
+    }
+}

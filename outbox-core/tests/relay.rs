@@ -1,0 +1,214 @@
+//! The relay engine against the in-memory store and publisher.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::testing::{MemoryStore, RecordingPublisher};
+use outbox_core::{NewEvent, PublishError, Relay, RelayConfig, RetryPolicy};
+
+fn event(aggregate: &str, n: u32) -> NewEvent {
+    NewEvent::new("order", aggregate, "order.created", &serde_json::json!({ "n": n }))
+}
+
+fn config(batch_size: usize) -> RelayConfig {
+    RelayConfig {
+        batch_size,
+        poll_interval: Duration::from_millis(5),
+        retry: RetryPolicy::default().base_delay(Duration::ZERO).max_delay(Duration::ZERO),
+        ..RelayConfig::default()
+    }
+}
+
+/// Run the relay until the store has nothing pending or `limit` passes.
+async fn run_until_drained<P: outbox_core::Publisher>(relay: &Relay<MemoryStore, P>) {
+    let store = relay.store().clone();
+    let drained = async move {
+        for _ in 0..2000 {
+            if outbox_core::Store::pending(&store).await.unwrap_or(1) == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    relay.run(drained).await;
+}
+
+#[tokio::test]
+async fn backlog_is_drained_batch_after_batch_without_waiting() {
+    let store = MemoryStore::new().with_ordering(false);
+    for n in 0..1000 {
+        store.enqueue(event(&format!("a{n}"), n)).unwrap();
+    }
+    let publisher = Arc::new(RecordingPublisher::new());
+    let relay = Relay::new(store.clone(), Arc::clone(&publisher)).with_config(RelayConfig {
+        poll_interval: Duration::from_secs(3600),
+        ..config(100)
+    });
+    // With an hour-long poll interval, only back-to-back claims can drain this.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while store.published_ids().len() < 1000 {
+            relay.run_once().await.unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let stats = relay.stats().snapshot();
+    assert_eq!(stats.batches, 10);
+    assert_eq!(stats.published, 1000);
+    assert_eq!(publisher.calls(), 10);
+}
+
+#[tokio::test]
+async fn run_loop_drains_without_poll_ticks() {
+    let store = MemoryStore::new().with_ordering(false);
+    for n in 0..1000 {
+        store.enqueue(event(&format!("a{n}"), n)).unwrap();
+    }
+    let relay = Relay::new(store.clone(), RecordingPublisher::new()).with_config(RelayConfig {
+        poll_interval: Duration::from_secs(3600),
+        ..config(100)
+    });
+    tokio::time::timeout(Duration::from_secs(10), run_until_drained(&relay))
+        .await
+        .unwrap();
+    let stats = relay.stats().snapshot();
+    assert_eq!(stats.published, 1000);
+    assert_eq!(stats.batches, 10);
+    // 10 full batches and at most one empty claim before the shutdown.
+    assert!(stats.claims <= 11, "{stats:?}");
+}
+
+#[tokio::test]
+async fn failed_event_is_retried_and_does_not_hold_back_others() {
+    let store = MemoryStore::new();
+    let flaky = store.enqueue(event("a", 0)).unwrap();
+    let healthy: Vec<_> = (1..5).map(|n| store.enqueue(event(&format!("b{n}"), n)).unwrap()).collect();
+    let failures = Arc::new(AtomicU32::new(0));
+    let counter = Arc::clone(&failures);
+    let publisher = RecordingPublisher::failing_when(move |e| {
+        (e.id == flaky && counter.fetch_add(1, Ordering::SeqCst) == 0)
+            .then(|| PublishError::retryable("broker busy"))
+    });
+    let relay = Relay::new(store.clone(), publisher).with_config(config(10));
+
+    let first = relay.run_once().await.unwrap();
+    assert_eq!((first.published, first.retried), (4, 1));
+    assert_eq!(store.attempts(flaky), Some((1, Some("broker busy".into()))));
+    assert_eq!(relay.publisher().published_ids(), healthy);
+
+    let second = relay.run_once().await.unwrap();
+    assert_eq!(second.published, 1);
+    assert!(store.published_ids().contains(&flaky));
+}
+
+#[tokio::test]
+async fn permanent_error_dead_letters_at_once() {
+    let store = MemoryStore::new();
+    let bad = store.enqueue(event("a", 0)).unwrap();
+    let publisher = RecordingPublisher::failing_when(move |e| {
+        (e.id == bad).then(|| PublishError::permanent("message too large"))
+    });
+    let relay = Relay::new(store.clone(), publisher).with_config(config(10));
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.dead_lettered, 1);
+    assert_eq!(store.dead_letter_ids(), vec![bad]);
+    let (attempts, error) = store.attempts(bad).unwrap();
+    assert_eq!(attempts, 1);
+    assert!(error.unwrap().contains("message too large"));
+}
+
+#[tokio::test]
+async fn retryable_error_dead_letters_after_max_attempts() {
+    let store = MemoryStore::new();
+    let bad = store.enqueue(event("a", 0)).unwrap();
+    let publisher =
+        RecordingPublisher::failing_when(|_| Some(PublishError::retryable("connection refused")));
+    let mut cfg = config(10);
+    cfg.retry = cfg.retry.max_attempts(3);
+    let relay = Relay::new(store.clone(), publisher).with_config(cfg);
+    for _ in 0..3 {
+        store.make_all_due();
+        relay.run_once().await.unwrap();
+    }
+    assert_eq!(store.dead_letter_ids(), vec![bad]);
+    let (attempts, error) = store.attempts(bad).unwrap();
+    assert_eq!(attempts, 3);
+    assert!(error.unwrap().contains("gave up after 3 attempts: connection refused"));
+}
+
+#[tokio::test]
+async fn ordering_holds_back_only_the_failing_aggregate() {
+    let store = MemoryStore::new();
+    let a1 = store.enqueue(event("a", 1)).unwrap();
+    let a2 = store.enqueue(event("a", 2)).unwrap();
+    let b1 = store.enqueue(event("b", 1)).unwrap();
+    let b2 = store.enqueue(event("b", 2)).unwrap();
+    let publisher = RecordingPublisher::failing_when(move |e| {
+        (e.id == a1).then(|| PublishError::retryable("down"))
+    });
+    let mut cfg = config(10);
+    cfg.retry = RetryPolicy::default().base_delay(Duration::from_secs(60));
+    let relay = Relay::new(store.clone(), publisher).with_config(cfg);
+    relay.run_once().await.unwrap();
+    relay.run_once().await.unwrap();
+    assert_eq!(relay.publisher().published_ids(), vec![b1, b2]);
+    assert!(!store.published_ids().contains(&a2));
+}
+
+#[tokio::test]
+async fn publisher_returning_too_few_outcomes_means_retry_not_loss() {
+    struct Short;
+    impl outbox_core::Publisher for Short {
+        async fn publish(&self, _: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+            Vec::new()
+        }
+    }
+    let store = MemoryStore::new();
+    let id = store.enqueue(event("a", 0)).unwrap();
+    let relay = Relay::new(store.clone(), Short).with_config(config(10));
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.retried, 1);
+    assert_eq!(store.attempts(id).unwrap().0, 1);
+}
+
+#[tokio::test]
+async fn hanging_publisher_is_bounded_by_publish_timeout() {
+    struct Hang;
+    impl outbox_core::Publisher for Hang {
+        async fn publish(&self, _: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+            std::future::pending().await
+        }
+    }
+    let store = MemoryStore::new();
+    let id = store.enqueue(event("a", 0)).unwrap();
+    let mut cfg = config(10);
+    cfg.publish_timeout = Duration::from_millis(50);
+    let relay = Relay::new(store.clone(), Hang).with_config(cfg);
+    let report = tokio::time::timeout(Duration::from_secs(5), relay.run_once())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(report.retried, 1);
+    let (_, error) = store.attempts(id).unwrap();
+    assert!(error.unwrap().contains("did not finish within"));
+}
+
+#[tokio::test]
+async fn shutdown_returns_promptly_when_idle() {
+    let store = MemoryStore::new();
+    let relay = Relay::new(store, RecordingPublisher::new()).with_config(RelayConfig {
+        poll_interval: Duration::from_secs(3600),
+        pending_refresh: Duration::from_secs(3600),
+        ..RelayConfig::default()
+    });
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = relay.run(async {
+        let _ = rx.await;
+    });
+    tokio::pin!(run);
+    // Let the relay reach its idle wait, then stop it.
+    assert!(tokio::time::timeout(Duration::from_millis(50), &mut run).await.is_err());
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(2), run).await.unwrap();
+}

@@ -1,0 +1,1 @@
+//! Placeholder: the kafka publisher is being written.

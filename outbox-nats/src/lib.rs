@@ -1,0 +1,1 @@
+//! Placeholder: the nats publisher is being written.

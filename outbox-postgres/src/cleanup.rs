@@ -1,0 +1,67 @@
+//! Retention: deleting published rows and old inbox records in bounded batches.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::enqueue::Outbox;
+use crate::error::Result;
+use crate::sql::Sql;
+
+/// Deletes what retention allows, a bounded batch per statement, so the relay and
+/// producers are never locked out for long.
+#[derive(Debug, Clone)]
+pub struct Cleanup {
+    pool: PgPool,
+    sql: Arc<Sql>,
+    batch_size: i64,
+}
+
+impl Cleanup {
+    /// Cleanup of `outbox` on `pool`, deleting at most 1,000 rows per statement.
+    pub fn new(pool: PgPool, outbox: &Outbox) -> Self {
+        Self {
+            pool,
+            sql: Arc::clone(outbox.sql()),
+            batch_size: 1000,
+        }
+    }
+
+    /// Rows deleted per statement. Defaults to 1,000.
+    #[must_use]
+    pub fn with_batch_size(mut self, batch_size: u32) -> Self {
+        self.batch_size = i64::from(batch_size.max(1));
+        self
+    }
+
+    /// Delete published rows (those with `processed_at`, kept by
+    /// [`crate::Retention::Keep`]) older than `retention`. Pending and dead-lettered
+    /// rows are never touched. Returns the number deleted.
+    pub async fn processed_older_than(&self, retention: Duration) -> Result<u64> {
+        self.in_batches(&self.sql.cleanup_processed, retention).await
+    }
+
+    /// Delete inbox records older than `retention`. Keep them longer than any
+    /// redelivery can arrive (broker retention, relay retries), or a late duplicate
+    /// would be processed again. Returns the number deleted.
+    pub async fn inbox_older_than(&self, retention: Duration) -> Result<u64> {
+        self.in_batches(&self.sql.cleanup_inbox, retention).await
+    }
+
+    async fn in_batches(&self, statement: &str, retention: Duration) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let deleted = sqlx::query(statement)
+                .bind(retention.as_secs_f64())
+                .bind(self.batch_size)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+            total += deleted;
+            if deleted < self.batch_size as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Dead-letter administration: count, list, show, retry, purge.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_core::Event;
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{PgPool, Postgres, Row};
+use uuid::Uuid;
+
+use crate::enqueue::Outbox;
+use crate::error::Result;
+use crate::row;
+use crate::sql::Sql;
+
+/// Which dead letters an operation applies to. Every field set narrows the
+/// selection; the default selects all dead letters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadLetterFilter {
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only this aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Only this aggregate id.
+    pub aggregate_id: Option<String>,
+    /// Only events dead-lettered longer ago than this.
+    pub older_than: Option<Duration>,
+    /// Only these event ids.
+    pub ids: Option<Vec<Uuid>>,
+}
+
+impl DeadLetterFilter {
+    /// Only the event with this id.
+    pub fn id(id: Uuid) -> Self {
+        Self {
+            ids: Some(vec![id]),
+            ..Self::default()
+        }
+    }
+
+    fn bind<'q>(&'q self, query: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
+        query
+            .bind(self.event_type.as_deref())
+            .bind(self.aggregate_type.as_deref())
+            .bind(self.aggregate_id.as_deref())
+            .bind(self.older_than.map(|d| d.as_secs_f64()))
+            .bind(self.ids.as_deref())
+    }
+}
+
+/// A dead-lettered event with why and when it died.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// The event (attempts = attempts made).
+    pub event: Event,
+    /// The last publish error.
+    pub last_error: Option<String>,
+    /// When it was dead-lettered.
+    pub dead_at: DateTime<Utc>,
+}
+
+/// Administration of the dead letters of one outbox.
+///
+/// Dead letters are rows with `dead_at` set (the `outbox_dead_letters` view); they
+/// leave the claim index, so they never slow or block healthy events.
+#[derive(Debug, Clone)]
+pub struct DeadLetters {
+    pool: PgPool,
+    sql: Arc<Sql>,
+}
+
+impl DeadLetters {
+    /// Dead letters of `outbox` on `pool`.
+    pub fn new(pool: PgPool, outbox: &Outbox) -> Self {
+        Self {
+            pool,
+            sql: Arc::clone(outbox.sql()),
+        }
+    }
+
+    /// Number of dead letters matching `filter`.
+    pub async fn count(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        let n: i64 = filter
+            .bind(sqlx::query(&self.sql.dead_count))
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Up to `limit` dead letters matching `filter`, oldest event first.
+    pub async fn list(&self, filter: &DeadLetterFilter, limit: u32) -> Result<Vec<DeadLetter>> {
+        let rows = filter
+            .bind(sqlx::query(&self.sql.dead_list))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    event: row::event(r)?,
+                    last_error: r.try_get("last_error")?,
+                    dead_at: r.try_get("dead_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// One dead letter by event id.
+    pub async fn show(&self, id: Uuid) -> Result<Option<DeadLetter>> {
+        Ok(self.list(&DeadLetterFilter::id(id), 1).await?.into_iter().next())
+    }
+
+    /// Make the matching dead letters publishable again: attempts reset to 0,
+    /// due now. Returns how many were reset.
+    ///
+    /// With ordering on and [`crate::AfterDeadLetter::Release`], followers of a
+    /// dead letter may already be published; a retried event then arrives after them.
+    pub async fn retry(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        let done = filter.bind(sqlx::query(&self.sql.dead_retry)).execute(&self.pool).await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Delete the matching dead letters for good. Returns how many were deleted.
+    pub async fn purge(&self, filter: &DeadLetterFilter) -> Result<u64> {
+        let done = filter.bind(sqlx::query(&self.sql.dead_purge)).execute(&self.pool).await?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,122 @@
+//! Writing events in the caller's transaction.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use outbox_core::NewEvent;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::sql::Sql;
+use crate::tables::Tables;
+
+/// Writes events into one outbox table, inside the caller's transaction.
+///
+/// Cheap to clone; build it once (it renders its SQL) and share it.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_core::NewEvent;
+/// use outbox_postgres::Outbox;
+///
+/// let outbox = Outbox::default();
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("INSERT INTO orders (id, total) VALUES ($1, $2)")
+///     .bind(42_i64).bind(100_i64).execute(&mut *tx).await?;
+/// outbox.enqueue(&mut tx, &NewEvent::new("order", "42", "order.created",
+///     &serde_json::json!({"total": 100}))).await?;
+/// tx.commit().await?; // the order and its event commit (or roll back) together
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    sql: Arc<Sql>,
+    tables: Tables,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Self::new(Tables::default())
+    }
+}
+
+impl Outbox {
+    /// An outbox writing to `tables`.
+    pub fn new(tables: Tables) -> Self {
+        Self {
+            sql: Arc::new(Sql::new(&tables)),
+            tables,
+        }
+    }
+
+    /// The names in use.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    pub(crate) fn sql(&self) -> &Arc<Sql> {
+        &self.sql
+    }
+
+    /// Write one event on `conn` (pass `&mut *tx` or `&mut tx` of your transaction).
+    ///
+    /// The event is validated first; an invalid one is refused with
+    /// [`crate::Error::InvalidEvent`] and nothing is written.
+    pub async fn enqueue(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<Uuid> {
+        event.validate()?;
+        let headers = headers_json(event);
+        sqlx::query(&self.sql.enqueue_one)
+            .bind(event.id)
+            .bind(&event.aggregate_type)
+            .bind(&event.aggregate_id)
+            .bind(&event.event_type)
+            .bind(&event.payload)
+            .bind(headers)
+            .bind(&event.destination)
+            .bind(event.not_before)
+            .execute(conn)
+            .await?;
+        Ok(event.id)
+    }
+
+    /// Write many events with one statement, in the given order (which is also
+    /// their per-aggregate publish order). All are validated first: one invalid
+    /// event refuses the whole call and nothing is written.
+    pub async fn enqueue_many(&self, conn: &mut PgConnection, events: &[NewEvent]) -> Result<Vec<Uuid>> {
+        for event in events {
+            event.validate()?;
+        }
+        let headers: Vec<String> = events.iter().map(headers_json).collect();
+        let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+        let column = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<&str>>();
+        let destinations: Vec<Option<&str>> = events.iter().map(|e| e.destination.as_deref()).collect();
+        let not_before: Vec<Option<DateTime<Utc>>> = events.iter().map(|e| e.not_before).collect();
+        sqlx::query(&self.sql.enqueue_many)
+            .bind(&ids)
+            .bind(column(|e| &e.aggregate_type))
+            .bind(column(|e| &e.aggregate_id))
+            .bind(column(|e| &e.event_type))
+            .bind(column(|e| &e.payload))
+            .bind(headers)
+            .bind(destinations)
+            .bind(not_before)
+            .execute(conn)
+            .await?;
+        Ok(ids)
+    }
+}
+
+/// Write one event into the default outbox (`public.outbox_events`) on `conn`.
+///
+/// Shorthand for `Outbox::default().enqueue(conn, event)`; build an [`Outbox`] once
+/// to avoid rendering the SQL on every call or to use other table names.
+pub async fn enqueue(conn: &mut PgConnection, event: &NewEvent) -> Result<Uuid> {
+    Outbox::default().enqueue(conn, event).await
+}
+
+/// Headers as JSON text. A map of strings always serialises; the fallback keeps
+/// this free of panics all the same.
+fn headers_json(event: &NewEvent) -> String {
+    serde_json::to_string(&event.headers).unwrap_or_else(|_| "{}".to_string())
+}

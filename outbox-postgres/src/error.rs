@@ -1,0 +1,60 @@
+//! Errors of the PostgreSQL outbox.
+
+use outbox_core::{EventError, StoreError};
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong in the PostgreSQL outbox.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configured schema, table or consumer name is not acceptable.
+    #[error("invalid {what} name {value:?}: {reason}")]
+    InvalidIdentifier {
+        /// Which name.
+        what: &'static str,
+        /// The name given.
+        value: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// An event was refused before anything was written.
+    #[error(transparent)]
+    InvalidEvent(#[from] EventError),
+    /// A configuration value is out of range.
+    #[error("invalid outbox configuration: {0}")]
+    InvalidConfig(String),
+    /// Applying a migration failed; nothing of it was applied.
+    #[error("outbox migration {version} ({name}) failed: {source}")]
+    Migration {
+        /// Migration version.
+        version: i32,
+        /// Migration name.
+        name: &'static str,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The database reported an error.
+    #[error("outbox database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl Error {
+    /// True when retrying the same call later may succeed (connection, pool, I/O problems).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Database(
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+            )
+        )
+    }
+}
+
+impl From<Error> for StoreError {
+    fn from(error: Error) -> Self {
+        StoreError::backend(error)
+    }
+}

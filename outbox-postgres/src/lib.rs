@@ -1,0 +1,28 @@
+#![doc = include_str!("../README.md")]
+
+mod cleanup;
+mod dead_letters;
+mod enqueue;
+mod error;
+mod ident;
+mod inbox;
+mod migrate;
+mod row;
+mod sql;
+mod store;
+mod stats;
+mod tables;
+#[cfg(feature = "test-utils")]
+pub mod testing;
+
+pub use cleanup::Cleanup;
+pub use dead_letters::{DeadLetter, DeadLetterFilter, DeadLetters};
+pub use enqueue::{enqueue, Outbox};
+pub use error::{Error, Result};
+pub use ident::Ident;
+pub use inbox::{Inbox, InboxError, Processed};
+pub use migrate::migrate;
+pub use sql::AfterDeadLetter;
+pub use store::{PgClaim, PgStore, Retention, StoreConfig};
+pub use stats::OutboxStats;
+pub use tables::Tables;

@@ -1,0 +1,83 @@
+//! Applying the schema in `migrations/` to a database, idempotently.
+
+use std::collections::HashSet;
+
+use sqlx::PgPool;
+
+use crate::error::{Error, Result};
+use crate::sql::Sql;
+use crate::tables::Tables;
+
+/// A migration shipped with this crate.
+struct Migration {
+    version: i32,
+    name: &'static str,
+    template: &'static str,
+}
+
+/// Every migration, in order. The SQL lives in the workspace's `migrations/` folder.
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "outbox",
+    template: include_str!("../../migrations/0001_outbox.sql"),
+}];
+
+/// Create the outbox objects named by `tables` (schema, events table, indexes,
+/// dead-letter view, inbox table), applying only migrations not applied yet.
+///
+/// Safe to run concurrently from several processes: a transaction-scoped advisory
+/// lock serialises them, and each migration commits with its version record.
+pub async fn migrate(pool: &PgPool, tables: &Tables) -> Result<()> {
+    let sql = Sql::new(tables);
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(&sql.migration_lock_key)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(&sql.create_schema).execute(&mut *tx).await?;
+    sqlx::query(&sql.migrations_table).execute(&mut *tx).await?;
+    let applied: HashSet<i32> = sqlx::query_scalar(&sql.applied_versions)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect();
+    for migration in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+        let rendered = render(migration.template, &sql.template_names);
+        let failed = |source| Error::Migration {
+            version: migration.version,
+            name: migration.name,
+            source,
+        };
+        sqlx::raw_sql(&rendered).execute(&mut *tx).await.map_err(failed)?;
+        sqlx::query(&sql.record_version)
+            .bind(migration.version)
+            .bind(migration.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+        tracing::info!(version = migration.version, name = migration.name, schema = %tables.schema(), "outbox migration applied");
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+fn render(template: &str, names: &[(&'static str, String)]) -> String {
+    names.iter().fold(template.to_string(), |sql, (key, value)| {
+        sql.replace(&format!("{{{{{key}}}}}"), value)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_placeholder_is_replaced() {
+        let sql = Sql::new(&Tables::default());
+        for m in MIGRATIONS {
+            let rendered = render(m.template, &sql.template_names);
+            assert!(!rendered.contains("{{"), "unreplaced name in migration {}", m.version);
+            assert!(rendered.contains("\"public\".\"outbox_events\""));
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! A throw-away outbox in its own schema on a real PostgreSQL, for tests.
+
+use sqlx::PgPool;
+
+use crate::enqueue::Outbox;
+use crate::error::Result;
+use crate::store::PgStore;
+use crate::tables::Tables;
+
+/// The database tests use: `DATABASE_URL`, or the local test database.
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// An outbox in a fresh schema `outbox_test_<random>`, migrated; [`TestOutbox::drop_schema`]
+/// removes it. Tests running in parallel each get their own.
+#[derive(Debug, Clone)]
+pub struct TestOutbox {
+    /// A pool on the test database.
+    pub pool: PgPool,
+    /// The names, in the fresh schema.
+    pub tables: Tables,
+    /// A writer for the outbox.
+    pub outbox: Outbox,
+}
+
+impl TestOutbox {
+    /// Create and migrate a fresh outbox schema.
+    pub async fn new() -> Result<Self> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(16)
+            .connect(&database_url())
+            .await?;
+        let schema = format!("outbox_test_{}", uuid::Uuid::new_v4().simple());
+        let tables = Tables::in_schema(&schema)?;
+        crate::migrate(&pool, &tables).await?;
+        Ok(Self {
+            outbox: Outbox::new(tables.clone()),
+            pool,
+            tables,
+        })
+    }
+
+    /// A relay store on this outbox with the default configuration.
+    pub fn store(&self) -> PgStore {
+        PgStore::new(self.pool.clone(), self.tables.clone())
+    }
+
+    /// Drop the schema and everything in it.
+    pub async fn drop_schema(&self) -> Result<()> {
+        sqlx::query(&format!("DROP SCHEMA {} CASCADE", self.tables.schema().quoted()))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}

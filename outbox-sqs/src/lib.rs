@@ -1,0 +1,1 @@
+//! Placeholder: the sqs publisher is being written.

@@ -8,6 +8,9 @@ pub mod relay;
 pub mod retry;
 pub mod store;
 pub mod telemetry;
+#[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
+pub mod conformance;
 #[cfg(feature = "test-utils")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod testing;

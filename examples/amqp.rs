@@ -1,0 +1,2 @@
+//! Placeholder: the amqp example is being written.
+fn main() {}

@@ -1,0 +1,2 @@
+//! Placeholder: the kafka example is being written.
+fn main() {}

@@ -1,0 +1,2 @@
+//! Placeholder: the nats example is being written.
+fn main() {}

@@ -1,0 +1,2 @@
+//! Placeholder: the sqs example is being written.
+fn main() {}

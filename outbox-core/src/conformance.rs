@@ -1,0 +1,1 @@
+//! Publisher conformance suite: placeholder, being written.

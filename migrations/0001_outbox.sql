@@ -1,4 +1,4 @@
--- The outbox schema. Names in {{double braces}} are replaced by validated, quoted
+-- The outbox schema. Names in double braces are replaced by validated, quoted
 -- identifiers (see outbox-postgres `Tables`), so one schema can hold several outboxes.
 
 -- Events written in the producer's transaction. `seq` orders events (per aggregate);
@@ -44,10 +44,10 @@ CREATE VIEW {{dead_letters}} AS
 
 -- Consumer inbox: one row per (consumer, event) processed, written in the
 -- consumer's transaction so a duplicate delivery is recognised.
-CREATE TABLE {{inbox}} (
+CREATE TABLE IF NOT EXISTS {{inbox}} (
     consumer     text        NOT NULL,
     event_id     uuid        NOT NULL,
     processed_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT {{inbox_pkey}} PRIMARY KEY (consumer, event_id)
 );
-CREATE INDEX {{inbox_processed_idx}} ON {{inbox}} (processed_at);
+CREATE INDEX IF NOT EXISTS {{inbox_processed_idx}} ON {{inbox}} (processed_at);

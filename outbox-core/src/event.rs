@@ -86,7 +86,12 @@ impl NewEvent {
         event_type: impl Into<String>,
         payload: &serde_json::Value,
     ) -> Self {
-        Self::from_json_str(aggregate_type, aggregate_id, event_type, payload.to_string())
+        Self::from_json_str(
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            payload.to_string(),
+        )
     }
 
     /// A new event with raw JSON text as payload; the text is validated at enqueue.
@@ -152,9 +157,7 @@ impl NewEvent {
             check_name("destination", destination)?;
         }
         if self.headers.keys().any(|k| k.is_empty()) {
-            return Err(EventError::EmptyHeaderName {
-                event_id: self.id,
-            });
+            return Err(EventError::EmptyHeaderName { event_id: self.id });
         }
         if let Err(source) = serde_json::from_str::<serde::de::IgnoredAny>(&self.payload) {
             return Err(EventError::InvalidPayload {
@@ -254,7 +257,10 @@ mod tests {
     #[test]
     fn nul_escape_is_refused() {
         let e = NewEvent::from_json_str("order", "1", "t", r#"{"a":"\u0000"}"#);
-        assert!(matches!(e.validate(), Err(EventError::InvalidPayload { .. })));
+        assert!(matches!(
+            e.validate(),
+            Err(EventError::InvalidPayload { .. })
+        ));
     }
 
     #[test]
@@ -267,6 +273,9 @@ mod tests {
             })
         );
         let e = NewEvent::new("order", "1", "t", &serde_json::Value::Null).with_header("", "x");
-        assert!(matches!(e.validate(), Err(EventError::EmptyHeaderName { .. })));
+        assert!(matches!(
+            e.validate(),
+            Err(EventError::EmptyHeaderName { .. })
+        ));
     }
 }

@@ -173,8 +173,9 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             tracing::info!("outbox relay: shutdown requested; finishing batches in flight");
             stop.trigger();
         };
-        let workers =
-            futures_util::future::join_all((0..self.config.workers.max(1)).map(|_| self.work(&stop)));
+        let workers = futures_util::future::join_all(
+            (0..self.config.workers.max(1)).map(|_| self.work(&stop)),
+        );
         tokio::join!(watch, workers, self.refresh_pending(&stop));
         tracing::info!("outbox relay: stopped");
     }
@@ -202,7 +203,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 Ok(n) => metrics::gauge!(telemetry::EVENTS_PENDING).set(n as f64),
                 Err(error) => tracing::warn!(%error, "outbox relay: cannot count pending events"),
             }
-            stop.or(tokio::time::sleep(self.config.pending_refresh)).await;
+            stop.or(tokio::time::sleep(self.config.pending_refresh))
+                .await;
         }
     }
 
@@ -261,9 +263,15 @@ impl<S: Store, P: Publisher> Relay<S, P> {
 
         metrics::counter!(telemetry::EVENTS_PUBLISHED).increment(report.published as u64);
         metrics::histogram!(telemetry::BATCH_DURATION).record(started.elapsed().as_secs_f64());
-        self.stats.published.fetch_add(report.published as u64, Ordering::Relaxed);
-        self.stats.retried.fetch_add(report.retried as u64, Ordering::Relaxed);
-        self.stats.dead_lettered.fetch_add(report.dead_lettered as u64, Ordering::Relaxed);
+        self.stats
+            .published
+            .fetch_add(report.published as u64, Ordering::Relaxed);
+        self.stats
+            .retried
+            .fetch_add(report.retried as u64, Ordering::Relaxed);
+        self.stats
+            .dead_lettered
+            .fetch_add(report.dead_lettered as u64, Ordering::Relaxed);
         tracing::debug!(
             published = report.published,
             retried = report.retried,
@@ -276,11 +284,10 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// Publish with a deadline; always one outcome per event.
     async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
         let timeout = self.config.publish_timeout;
-        let mut outcomes =
-            match tokio::time::timeout(timeout, self.publisher.publish(events)).await {
-                Ok(outcomes) => outcomes,
-                Err(_) => Vec::new(),
-            };
+        // A timeout leaves no outcomes: every event counts as a retryable failure below.
+        let mut outcomes = tokio::time::timeout(timeout, self.publisher.publish(events))
+            .await
+            .unwrap_or_default();
         if outcomes.len() != events.len() {
             let reason = if outcomes.is_empty() {
                 format!("publish did not finish within {timeout:?}")

@@ -79,7 +79,10 @@ mod tests {
             let full = (Duration::from_secs(1) * 2u32.saturating_pow(attempts - 1).min(1 << 31))
                 .min(Duration::from_secs(300));
             let d = p.delay(attempts);
-            assert!(d >= full / 2 && d <= full, "attempt {attempts}: {d:?} vs {full:?}");
+            assert!(
+                d >= full / 2 && d <= full,
+                "attempt {attempts}: {d:?} vs {full:?}"
+            );
         }
     }
 

@@ -35,8 +35,10 @@ pub trait Claim: Send {
     fn events(&self) -> &[Event];
 
     /// Record one decision per event (same order as [`Claim::events`]) and release the claim.
-    fn complete(self, decisions: Vec<Decision>)
-        -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn complete(
+        self,
+        decisions: Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// What the store must record for one claimed event.

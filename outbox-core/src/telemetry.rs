@@ -20,8 +20,19 @@ pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(EVENTS_PUBLISHED, "Events the broker acknowledged");
     describe_counter!(EVENTS_FAILED, "Failed publish attempts, by event type");
-    describe_counter!(EVENTS_DEAD_LETTERED, "Events moved to the dead letters, by event type");
+    describe_counter!(
+        EVENTS_DEAD_LETTERED,
+        "Events moved to the dead letters, by event type"
+    );
     describe_gauge!(EVENTS_PENDING, "Events waiting to be published");
-    describe_histogram!(BATCH_DURATION, Unit::Seconds, "Time to publish and record one batch");
-    describe_histogram!(PUBLISH_LAG, Unit::Seconds, "Time from event creation to broker acknowledgement");
+    describe_histogram!(
+        BATCH_DURATION,
+        Unit::Seconds,
+        "Time to publish and record one batch"
+    );
+    describe_histogram!(
+        PUBLISH_LAG,
+        Unit::Seconds,
+        "Time from event creation to broker acknowledgement"
+    );
 }

@@ -145,7 +145,8 @@ impl MemoryStore {
 
 fn lock(rows: &Mutex<Rows>) -> MutexGuard<'_, Rows> {
     // A panic in another test thread must not hide this test's result.
-    rows.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    rows.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Store for MemoryStore {
@@ -163,7 +164,10 @@ impl Store for MemoryStore {
             if row.state != State::Pending {
                 continue;
             }
-            let key = (row.event.aggregate_type.clone(), row.event.aggregate_id.clone());
+            let key = (
+                row.event.aggregate_type.clone(),
+                row.event.aggregate_id.clone(),
+            );
             let head = !blocked.contains(&key);
             if self.ordering {
                 blocked.insert(key);

@@ -1,5 +1,7 @@
 //! The relay engine against the in-memory store and publisher.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,14 +10,21 @@ use outbox_core::testing::{MemoryStore, RecordingPublisher};
 use outbox_core::{NewEvent, PublishError, Relay, RelayConfig, RetryPolicy};
 
 fn event(aggregate: &str, n: u32) -> NewEvent {
-    NewEvent::new("order", aggregate, "order.created", &serde_json::json!({ "n": n }))
+    NewEvent::new(
+        "order",
+        aggregate,
+        "order.created",
+        &serde_json::json!({ "n": n }),
+    )
 }
 
 fn config(batch_size: usize) -> RelayConfig {
     RelayConfig {
         batch_size,
         poll_interval: Duration::from_millis(5),
-        retry: RetryPolicy::default().base_delay(Duration::ZERO).max_delay(Duration::ZERO),
+        retry: RetryPolicy::default()
+            .base_delay(Duration::ZERO)
+            .max_delay(Duration::ZERO),
         ..RelayConfig::default()
     }
 }
@@ -83,7 +92,9 @@ async fn run_loop_drains_without_poll_ticks() {
 async fn failed_event_is_retried_and_does_not_hold_back_others() {
     let store = MemoryStore::new();
     let flaky = store.enqueue(event("a", 0)).unwrap();
-    let healthy: Vec<_> = (1..5).map(|n| store.enqueue(event(&format!("b{n}"), n)).unwrap()).collect();
+    let healthy: Vec<_> = (1..5)
+        .map(|n| store.enqueue(event(&format!("b{n}"), n)).unwrap())
+        .collect();
     let failures = Arc::new(AtomicU32::new(0));
     let counter = Arc::clone(&failures);
     let publisher = RecordingPublisher::failing_when(move |e| {
@@ -134,7 +145,9 @@ async fn retryable_error_dead_letters_after_max_attempts() {
     assert_eq!(store.dead_letter_ids(), vec![bad]);
     let (attempts, error) = store.attempts(bad).unwrap();
     assert_eq!(attempts, 3);
-    assert!(error.unwrap().contains("gave up after 3 attempts: connection refused"));
+    assert!(error
+        .unwrap()
+        .contains("gave up after 3 attempts: connection refused"));
 }
 
 #[tokio::test]
@@ -208,7 +221,11 @@ async fn shutdown_returns_promptly_when_idle() {
     });
     tokio::pin!(run);
     // Let the relay reach its idle wait, then stop it.
-    assert!(tokio::time::timeout(Duration::from_millis(50), &mut run).await.is_err());
+    assert!(tokio::time::timeout(Duration::from_millis(50), &mut run)
+        .await
+        .is_err());
     tx.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(2), run).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), run)
+        .await
+        .unwrap();
 }

@@ -39,7 +39,8 @@ impl Cleanup {
     /// [`crate::Retention::Keep`]) older than `retention`. Pending and dead-lettered
     /// rows are never touched. Returns the number deleted.
     pub async fn processed_older_than(&self, retention: Duration) -> Result<u64> {
-        self.in_batches(&self.sql.cleanup_processed, retention).await
+        self.in_batches(&self.sql.cleanup_processed, retention)
+            .await
     }
 
     /// Delete inbox records older than `retention`. Keep them longer than any

@@ -40,7 +40,10 @@ impl DeadLetterFilter {
         }
     }
 
-    fn bind<'q>(&'q self, query: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
+    fn bind<'q>(
+        &'q self,
+        query: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments> {
         query
             .bind(self.event_type.as_deref())
             .bind(self.aggregate_type.as_deref())
@@ -110,7 +113,11 @@ impl DeadLetters {
 
     /// One dead letter by event id.
     pub async fn show(&self, id: Uuid) -> Result<Option<DeadLetter>> {
-        Ok(self.list(&DeadLetterFilter::id(id), 1).await?.into_iter().next())
+        Ok(self
+            .list(&DeadLetterFilter::id(id), 1)
+            .await?
+            .into_iter()
+            .next())
     }
 
     /// Make the matching dead letters publishable again: attempts reset to 0,
@@ -119,13 +126,19 @@ impl DeadLetters {
     /// With ordering on and [`crate::AfterDeadLetter::Release`], followers of a
     /// dead letter may already be published; a retried event then arrives after them.
     pub async fn retry(&self, filter: &DeadLetterFilter) -> Result<u64> {
-        let done = filter.bind(sqlx::query(&self.sql.dead_retry)).execute(&self.pool).await?;
+        let done = filter
+            .bind(sqlx::query(&self.sql.dead_retry))
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected())
     }
 
     /// Delete the matching dead letters for good. Returns how many were deleted.
     pub async fn purge(&self, filter: &DeadLetterFilter) -> Result<u64> {
-        let done = filter.bind(sqlx::query(&self.sql.dead_purge)).execute(&self.pool).await?;
+        let done = filter
+            .bind(sqlx::query(&self.sql.dead_purge))
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected())
     }
 }

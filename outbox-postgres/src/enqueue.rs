@@ -83,14 +83,19 @@ impl Outbox {
     /// Write many events with one statement, in the given order (which is also
     /// their per-aggregate publish order). All are validated first: one invalid
     /// event refuses the whole call and nothing is written.
-    pub async fn enqueue_many(&self, conn: &mut PgConnection, events: &[NewEvent]) -> Result<Vec<Uuid>> {
+    pub async fn enqueue_many(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<Uuid>> {
         for event in events {
             event.validate()?;
         }
         let headers: Vec<String> = events.iter().map(headers_json).collect();
         let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
         let column = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<&str>>();
-        let destinations: Vec<Option<&str>> = events.iter().map(|e| e.destination.as_deref()).collect();
+        let destinations: Vec<Option<&str>> =
+            events.iter().map(|e| e.destination.as_deref()).collect();
         let not_before: Vec<Option<DateTime<Utc>>> = events.iter().map(|e| e.not_before).collect();
         sqlx::query(&self.sql.enqueue_many)
             .bind(&ids)

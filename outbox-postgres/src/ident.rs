@@ -23,16 +23,17 @@ impl Ident {
         let reason = if value.is_empty() {
             Some("it is empty".to_string())
         } else if value.len() > MAX_IDENT_LEN {
-            Some(format!("it is {} bytes long; the limit is {MAX_IDENT_LEN}", value.len()))
+            Some(format!(
+                "it is {} bytes long; the limit is {MAX_IDENT_LEN}",
+                value.len()
+            ))
         } else if value.starts_with(|c: char| c.is_ascii_digit()) {
             Some("it starts with a digit".to_string())
         } else {
             value
                 .chars()
                 .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_'))
-                .map(|c| {
-                    format!("{c:?} is not allowed (use lower-case letters, digits and '_')")
-                })
+                .map(|c| format!("{c:?} is not allowed (use lower-case letters, digits and '_')"))
         };
         match reason {
             Some(reason) => Err(Error::InvalidIdentifier {
@@ -68,13 +69,25 @@ mod tests {
 
     #[test]
     fn accepts_plain_names() {
-        assert_eq!(Ident::new("table", "outbox_events").unwrap().quoted(), "\"outbox_events\"");
+        assert_eq!(
+            Ident::new("table", "outbox_events").unwrap().quoted(),
+            "\"outbox_events\""
+        );
         assert!(Ident::new("table", "_t1").is_ok());
     }
 
     #[test]
     fn rejects_injection_and_odd_names() {
-        for bad in ["", "1abc", "Outbox", "a-b", "a\"b", "x; drop table y", "é", &"a".repeat(64)] {
+        for bad in [
+            "",
+            "1abc",
+            "Outbox",
+            "a-b",
+            "a\"b",
+            "x; drop table y",
+            "é",
+            &"a".repeat(64),
+        ] {
             let err = Ident::new("table", bad).unwrap_err();
             assert!(err.to_string().contains("invalid table name"), "{err}");
         }

@@ -9,8 +9,8 @@ mod inbox;
 mod migrate;
 mod row;
 mod sql;
-mod store;
 mod stats;
+mod store;
 mod tables;
 #[cfg(feature = "test-utils")]
 pub mod testing;
@@ -23,6 +23,6 @@ pub use ident::Ident;
 pub use inbox::{Inbox, InboxError, Processed};
 pub use migrate::migrate;
 pub use sql::AfterDeadLetter;
-pub use store::{PgClaim, PgStore, Retention, StoreConfig};
 pub use stats::OutboxStats;
+pub use store::{PgClaim, PgStore, Retention, StoreConfig};
 pub use tables::Tables;

@@ -48,7 +48,10 @@ pub async fn migrate(pool: &PgPool, tables: &Tables) -> Result<()> {
             name: migration.name,
             source,
         };
-        sqlx::raw_sql(&rendered).execute(&mut *tx).await.map_err(failed)?;
+        sqlx::raw_sql(&rendered)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
         sqlx::query(&sql.record_version)
             .bind(migration.version)
             .bind(migration.name)
@@ -62,9 +65,11 @@ pub async fn migrate(pool: &PgPool, tables: &Tables) -> Result<()> {
 }
 
 fn render(template: &str, names: &[(&'static str, String)]) -> String {
-    names.iter().fold(template.to_string(), |sql, (key, value)| {
-        sql.replace(&format!("{{{{{key}}}}}"), value)
-    })
+    names
+        .iter()
+        .fold(template.to_string(), |sql, (key, value)| {
+            sql.replace(&format!("{{{{{key}}}}}"), value)
+        })
 }
 
 #[cfg(test)]
@@ -76,7 +81,11 @@ mod tests {
         let sql = Sql::new(&Tables::default());
         for m in MIGRATIONS {
             let rendered = render(m.template, &sql.template_names);
-            assert!(!rendered.contains("{{"), "unreplaced name in migration {}", m.version);
+            assert!(
+                !rendered.contains("{{"),
+                "unreplaced name in migration {}",
+                m.version
+            );
             assert!(rendered.contains("\"public\".\"outbox_events\""));
         }
     }

@@ -71,11 +71,17 @@ impl Sql {
         };
         // Only the oldest unpublished event of an aggregate is claimable; a claimed
         // (locked), backing-off or failing head hides its followers from every relay.
-        let earlier = format!(
-            "AND NOT EXISTS (SELECT 1 FROM {events} p \
-             WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
-             AND p.seq < e.seq AND p.processed_at IS NULL"
-        );
+        // Written as a correlated `seq = (... ORDER BY <aggregate index> LIMIT 1)` so the
+        // plan is an index probe per candidate whatever the table statistics say (a
+        // NOT EXISTS was planned as a quadratic join on a freshly filled table).
+        let head = |dead: &str| {
+            format!(
+                "AND e.seq = (SELECT p.seq FROM {events} p \
+                 WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
+                 AND p.processed_at IS NULL {dead} \
+                 ORDER BY p.aggregate_type, p.aggregate_id, p.seq LIMIT 1)"
+            )
+        };
         // Filters shared by the dead-letter statements; NULL parameters match everything.
         let dead = "dead_at IS NOT NULL AND processed_at IS NULL \
              AND ($1::text IS NULL OR event_type = $1) \
@@ -122,8 +128,8 @@ impl Sql {
             ),
 
             claim_unordered: claim(""),
-            claim_ordered_release: claim(&format!("{earlier} AND p.dead_at IS NULL)")),
-            claim_ordered_block: claim(&format!("{earlier})")),
+            claim_ordered_release: claim(&head("AND p.dead_at IS NULL")),
+            claim_ordered_block: claim(&head("")),
             delete_published: format!("DELETE FROM {events} WHERE id = ANY($1)"),
             mark_published: format!(
                 "UPDATE {events} SET processed_at = clock_timestamp(), attempts = attempts + 1 \

@@ -28,7 +28,8 @@ impl PgStore {
         let row = sqlx::query(&self.outbox().sql().stats)
             .fetch_one(self.pool())
             .await?;
-        let count = |i: usize| -> Result<u64> { Ok(u64::try_from(row.try_get::<i64, _>(i)?).unwrap_or(0)) };
+        let count =
+            |i: usize| -> Result<u64> { Ok(u64::try_from(row.try_get::<i64, _>(i)?).unwrap_or(0)) };
         let age: f64 = row.try_get(3)?;
         Ok(OutboxStats {
             pending: count(0)?,

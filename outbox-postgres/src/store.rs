@@ -87,7 +87,11 @@ impl PgStore {
     /// Connect a pool suited to a relay: `max_connections` connections, and an
     /// `idle_in_transaction_session_timeout` on each, so that a relay cut off by the
     /// network cannot hold its claimed rows for longer than `claim_timeout`.
-    pub async fn connect(url: &str, max_connections: u32, claim_timeout: Duration) -> Result<PgPool> {
+    pub async fn connect(
+        url: &str,
+        max_connections: u32,
+        claim_timeout: Duration,
+    ) -> Result<PgPool> {
         let options: PgConnectOptions = url
             .parse()
             .map_err(|e: sqlx::Error| Error::InvalidConfig(format!("database URL: {e}")))?;
@@ -120,16 +124,28 @@ impl PgStore {
     }
 
     async fn claim_batch(&self, limit: usize) -> Result<PgClaim> {
-        let limit = i64::try_from(limit).map_err(|_| Error::InvalidConfig("batch size too large".into()))?;
+        let limit = i64::try_from(limit)
+            .map_err(|_| Error::InvalidConfig("batch size too large".into()))?;
         let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(self.sql().claim(self.config.ordering, self.config.after_dead_letter))
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
-        let events = rows.iter().map(row::event).collect::<Result<Vec<Event>, _>>()?;
+        let rows = sqlx::query(
+            self.sql()
+                .claim(self.config.ordering, self.config.after_dead_letter),
+        )
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        let events = rows
+            .iter()
+            .map(row::event)
+            .collect::<Result<Vec<Event>, _>>()?;
         if events.is_empty() {
             tx.commit().await?;
-            return Ok(PgClaim { tx: None, events, sql: Arc::clone(self.sql()), retention: self.config.retention });
+            return Ok(PgClaim {
+                tx: None,
+                events,
+                sql: Arc::clone(self.sql()),
+                retention: self.config.retention,
+            });
         }
         Ok(PgClaim {
             tx: Some(tx),
@@ -205,7 +221,10 @@ impl PgClaim {
                 Retention::Delete => &self.sql.delete_published,
                 Retention::Keep(_) => &self.sql.mark_published,
             };
-            sqlx::query(statement).bind(&published).execute(&mut *tx).await?;
+            sqlx::query(statement)
+                .bind(&published)
+                .execute(&mut *tx)
+                .await?;
         }
         if !failed_ids.is_empty() {
             sqlx::query(&self.sql.record_failures)

@@ -113,18 +113,30 @@ mod tests {
 
     #[test]
     fn derived_names() {
-        let t = Tables::in_schema("tenant_a").unwrap().with_events_table("billing").unwrap();
+        let t = Tables::in_schema("tenant_a")
+            .unwrap()
+            .with_events_table("billing")
+            .unwrap();
         assert_eq!(t.dead_letters().as_str(), "billing_dead_letters");
-        assert_eq!(t.derived(t.events(), "pending_idx"), "\"billing_pending_idx\"");
+        assert_eq!(
+            t.derived(t.events(), "pending_idx"),
+            "\"billing_pending_idx\""
+        );
     }
 
     #[test]
     fn bad_names_are_named_in_the_error() {
         let err = Tables::in_schema("Tenant").unwrap_err().to_string();
         assert!(err.starts_with("invalid schema name \"Tenant\""), "{err}");
-        let err = Tables::default().with_events_table("x;drop").unwrap_err().to_string();
+        let err = Tables::default()
+            .with_events_table("x;drop")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("invalid events table name"), "{err}");
-        let err = Tables::default().with_events_table(&"e".repeat(50)).unwrap_err().to_string();
+        let err = Tables::default()
+            .with_events_table(&"e".repeat(50))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("limit is 48"), "{err}");
     }
 }

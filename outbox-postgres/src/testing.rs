@@ -9,7 +9,8 @@ use crate::tables::Tables;
 
 /// The database tests use: `DATABASE_URL`, or the local test database.
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 /// An outbox in a fresh schema `outbox_test_<random>`, migrated; [`TestOutbox::drop_schema`]
@@ -48,9 +49,12 @@ impl TestOutbox {
 
     /// Drop the schema and everything in it.
     pub async fn drop_schema(&self) -> Result<()> {
-        sqlx::query(&format!("DROP SCHEMA {} CASCADE", self.tables.schema().quoted()))
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(&format!(
+            "DROP SCHEMA {} CASCADE",
+            self.tables.schema().quoted()
+        ))
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 }

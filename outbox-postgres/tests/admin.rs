@@ -1,0 +1,304 @@
+//! Dead-letter administration, the consumer inbox and retention cleanup against
+//! the real PostgreSQL.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{event, fast_config};
+use outbox_core::testing::RecordingPublisher;
+use outbox_core::{NewEvent, PublishError, Relay, Store};
+use outbox_postgres::testing::TestOutbox;
+use outbox_postgres::{
+    Cleanup, DeadLetterFilter, DeadLetters, Inbox, InboxError, Processed, Retention, StoreConfig,
+};
+use uuid::Uuid;
+
+/// Enqueue `events`, then dead-letter those of type `poison` with a permanent error.
+async fn with_dead_letters(db: &TestOutbox, events: &[NewEvent]) -> Vec<Uuid> {
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = db.outbox.enqueue_many(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    let publisher = RecordingPublisher::failing_when(|e| {
+        (e.event_type == "poison").then(|| PublishError::permanent("rejected by broker"))
+    });
+    let relay = Relay::new(db.store(), publisher).with_config(fast_config());
+    while relay.run_once().await.unwrap().claimed > 0 {}
+    ids
+}
+
+#[tokio::test]
+async fn dead_letters_can_be_listed_filtered_retried_and_purged() {
+    let db = TestOutbox::new().await.unwrap();
+    let poison = |agg: &str| NewEvent::new("order", agg, "poison", &serde_json::json!({}));
+    let ids = with_dead_letters(
+        &db,
+        &[
+            poison("1"),
+            event("2", 0),
+            poison("3"),
+            NewEvent::new("invoice", "9", "poison", &serde_json::json!({})),
+        ],
+    )
+    .await;
+    let dl = DeadLetters::new(db.pool.clone(), &db.outbox);
+    let all = DeadLetterFilter::default();
+    assert_eq!(dl.count(&all).await.unwrap(), 3);
+
+    let orders = DeadLetterFilter {
+        aggregate_type: Some("order".into()),
+        ..all.clone()
+    };
+    let listed: Vec<Uuid> = dl
+        .list(&orders, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.event.id)
+        .collect();
+    assert_eq!(listed, vec![ids[0], ids[2]]);
+    let by_agg = DeadLetterFilter {
+        aggregate_id: Some("3".into()),
+        ..all.clone()
+    };
+    assert_eq!(dl.count(&by_agg).await.unwrap(), 1);
+    let by_type = DeadLetterFilter {
+        event_type: Some("order.created".into()),
+        ..all.clone()
+    };
+    assert_eq!(dl.count(&by_type).await.unwrap(), 0);
+    let old = DeadLetterFilter {
+        older_than: Some(Duration::from_secs(3600)),
+        ..all.clone()
+    };
+    assert_eq!(dl.count(&old).await.unwrap(), 0);
+
+    let shown = dl.show(ids[0]).await.unwrap().unwrap();
+    assert_eq!(
+        shown.last_error.as_deref(),
+        Some("permanent: rejected by broker")
+    );
+    assert_eq!(shown.event.attempts, 1);
+    assert!(
+        dl.show(ids[1]).await.unwrap().is_none(),
+        "published events are not dead letters"
+    );
+
+    // Retry one: it is published by the next relay run.
+    assert_eq!(dl.retry(&DeadLetterFilter::id(ids[0])).await.unwrap(), 1);
+    assert_eq!(dl.count(&all).await.unwrap(), 2);
+    let relay = Relay::new(db.store(), RecordingPublisher::new()).with_config(fast_config());
+    relay.run_once().await.unwrap();
+    assert_eq!(relay.publisher().published_ids(), vec![ids[0]]);
+
+    // Purge the invoices only.
+    let invoices = DeadLetterFilter {
+        aggregate_type: Some("invoice".into()),
+        ..all.clone()
+    };
+    assert_eq!(dl.purge(&invoices).await.unwrap(), 1);
+    assert_eq!(
+        dl.list(&all, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|d| d.event.id)
+            .collect::<Vec<_>>(),
+        vec![ids[2]]
+    );
+    db.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_deliveries_of_one_event_run_the_handler_once() {
+    let db = TestOutbox::new().await.unwrap();
+    let inbox = Inbox::new(&db.outbox, "billing").unwrap();
+    let event_id = Uuid::now_v7();
+    let runs = Arc::new(AtomicU32::new(0));
+    let deliver = || {
+        let (pool, inbox, runs) = (db.pool.clone(), inbox.clone(), Arc::clone(&runs));
+        tokio::spawn(async move {
+            inbox
+                .process(&pool, event_id, |_conn| {
+                    Box::pin(async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        // Hold the transaction open while the other delivery arrives.
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        Ok::<_, std::convert::Infallible>(())
+                    })
+                })
+                .await
+        })
+    };
+    let (a, b) = tokio::join!(deliver(), deliver());
+    let mut outcomes = vec![a.unwrap().unwrap(), b.unwrap().unwrap()];
+    outcomes.sort_by_key(|o| matches!(o, Processed::Duplicate));
+    assert_eq!(outcomes, vec![Processed::First(()), Processed::Duplicate]);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // Another consumer processes the same event on its own.
+    let shipping = Inbox::new(&db.outbox, "shipping").unwrap();
+    let r = shipping
+        .process(&db.pool, event_id, |_| {
+            Box::pin(async { Ok::<_, std::io::Error>(7) })
+        })
+        .await
+        .unwrap();
+    assert_eq!(r, Processed::First(7));
+    db.drop_schema().await.unwrap();
+}
+
+#[tokio::test]
+async fn handler_error_rolls_back_so_a_later_delivery_runs_it_again() {
+    let db = TestOutbox::new().await.unwrap();
+    sqlx::query(&format!(
+        "CREATE TABLE {}.stock (n int NOT NULL)",
+        db.tables.schema().quoted()
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let insert = format!(
+        "INSERT INTO {}.stock VALUES (1)",
+        db.tables.schema().quoted()
+    );
+    let inbox = Inbox::new(&db.outbox, "stock").unwrap();
+    let id = Uuid::now_v7();
+
+    let failed = inbox
+        .process(&db.pool, id, |conn| {
+            let insert = insert.clone();
+            Box::pin(async move {
+                sqlx::query(&insert)
+                    .execute(conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Err::<(), _>("downstream refused".to_string())
+            })
+        })
+        .await;
+    assert!(matches!(failed, Err(InboxError::Handler(ref e)) if e == "downstream refused"));
+
+    let retried = inbox
+        .process(&db.pool, id, |conn| {
+            let insert = insert.clone();
+            Box::pin(async move { sqlx::query(&insert).execute(conn).await.map(|_| ()) })
+        })
+        .await
+        .unwrap();
+    assert_eq!(retried, Processed::First(()));
+    let duplicate = inbox
+        .process(&db.pool, id, |_| {
+            Box::pin(async { Ok::<_, sqlx::Error>(()) })
+        })
+        .await
+        .unwrap();
+    assert_eq!(duplicate, Processed::Duplicate);
+    // The failed attempt's write was rolled back with its inbox record.
+    let rows: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}.stock",
+        db.tables.schema().quoted()
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, 1);
+    assert!(Inbox::new(&db.outbox, "Bad Name").is_err());
+    db.drop_schema().await.unwrap();
+}
+
+#[tokio::test]
+async fn cleanup_removes_only_old_published_rows_and_old_inbox_records() {
+    let db = TestOutbox::new().await.unwrap();
+    let store = db.store().with_config(StoreConfig {
+        retention: Retention::Keep(Duration::from_secs(0)),
+        ..StoreConfig::default()
+    });
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = db
+        .outbox
+        .enqueue_many(
+            &mut tx,
+            &[
+                event("1", 0),
+                event("2", 0),
+                event("3", 0),
+                NewEvent::new("order", "4", "poison", &serde_json::json!({})),
+                event("5", 0).not_before(chrono::Utc::now() + chrono::Duration::hours(1)),
+            ],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let publisher = RecordingPublisher::failing_when(|e| {
+        (e.event_type == "poison").then(|| PublishError::permanent("no route"))
+    });
+    let relay = Relay::new(store.clone(), publisher).with_config(fast_config());
+    relay.run_once().await.unwrap();
+    assert_eq!(relay.publisher().published_ids(), ids[..3].to_vec());
+
+    let cleanup = Cleanup::new(db.pool.clone(), &db.outbox).with_batch_size(2);
+    // Published rows are kept while younger than the retention...
+    assert_eq!(
+        cleanup
+            .processed_older_than(Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (
+            stats.pending,
+            stats.scheduled,
+            stats.dead_letters,
+            stats.processed_last_hour
+        ),
+        (1, 1, 1, 3)
+    );
+    // ...and deleted, in batches of 2, once older.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        cleanup
+            .processed_older_than(Duration::from_millis(1))
+            .await
+            .unwrap(),
+        3
+    );
+    let left: Vec<Uuid> = sqlx::query_scalar(&format!(
+        "SELECT id FROM {}.outbox_events ORDER BY seq",
+        db.tables.schema().quoted()
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, ids[3..].to_vec(), "dead and pending rows stay");
+    assert_eq!(store.pending().await.unwrap(), 1);
+
+    let inbox = Inbox::new(&db.outbox, "c").unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    for _ in 0..3 {
+        assert!(inbox.record(&mut conn, Uuid::now_v7()).await.unwrap());
+    }
+    drop(conn);
+    assert_eq!(
+        cleanup
+            .inbox_older_than(Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        cleanup
+            .inbox_older_than(Duration::from_millis(1))
+            .await
+            .unwrap(),
+        3
+    );
+    db.drop_schema().await.unwrap();
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The whole test suite: makes sure every service the tests talk to is running
+# (starting what it can), then runs `cargo test` over the workspace with every
+# feature. A service that cannot be had is a clear failure, never a skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export OUTBOX_NATS_URL="${OUTBOX_NATS_URL:-nats://127.0.0.1:4222}"
+export OUTBOX_AMQP_URL="${OUTBOX_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+
+say() { printf 'test.sh: %s\n' "$*" >&2; }
+
+# port_open PORT: something listens on 127.0.0.1:PORT.
+port_open() { timeout 1 bash -c ">/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+# need NAME PORT START_COMMAND: start NAME when its port is closed, wait up to 60 s.
+need() {
+    local name=$1 port=$2 start=$3
+    if port_open "$port"; then return 0; fi
+    say "$name is not listening on 127.0.0.1:$port; starting it: $start"
+    bash -c "$start" >/dev/null 2>&1 || true
+    for _ in $(seq 60); do
+        if port_open "$port"; then say "$name is up"; return 0; fi
+        sleep 1
+    done
+    say "FAILED: $name is not reachable on 127.0.0.1:$port (tried: $start)"
+    exit 1
+}
+
+need PostgreSQL 5432 'pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start'
+need RabbitMQ 5672 'rabbitmq-server -detached'
+need NATS 4222 'start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log'
+if ! psql "$DATABASE_URL" -Atqc 'select 1' >/dev/null 2>&1; then
+    say "FAILED: cannot log in to $DATABASE_URL"
+    exit 1
+fi
+
+# SQS: moto's server, installed and started by scripts/moto.sh, stopped on exit.
+# shellcheck source=scripts/moto.sh
+source scripts/moto.sh
+moto_start
+trap moto_stop EXIT
+
+cargo test --workspace --all-features "$@"

@@ -4,11 +4,13 @@
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
+pub mod envelope;
 pub mod event;
 pub mod local;
 pub mod publisher;
 pub mod relay;
 pub mod retry;
+pub mod routing;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "test-utils")]
@@ -20,4 +22,5 @@ pub use local::{ChannelPublisher, NullPublisher, StdoutPublisher};
 pub use publisher::{FailureKind, Outcome, PublishError, Publisher};
 pub use relay::{BatchReport, Relay, RelayConfig, RelayStats, RelayStatsSnapshot};
 pub use retry::RetryPolicy;
+pub use routing::Routing;
 pub use store::{Claim, Decision, Store, StoreError};

@@ -50,6 +50,37 @@ impl Cleanup {
         self.in_batches(&self.sql.cleanup_inbox, retention).await
     }
 
+    /// Run retention every `every` until `shutdown` completes: published rows older
+    /// than `processed` and, when given, inbox records older than `inbox`. Errors are
+    /// logged and retried at the next round.
+    pub async fn run(
+        &self,
+        every: Duration,
+        processed: Duration,
+        inbox: Option<Duration>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        loop {
+            match self.processed_older_than(processed).await {
+                Ok(n) if n > 0 => tracing::info!(deleted = n, "outbox cleanup: published rows"),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "outbox cleanup failed"),
+            }
+            if let Some(age) = inbox {
+                match self.inbox_older_than(age).await {
+                    Ok(n) if n > 0 => tracing::info!(deleted = n, "outbox cleanup: inbox records"),
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(%error, "outbox inbox cleanup failed"),
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
     async fn in_batches(&self, statement: &str, retention: Duration) -> Result<u64> {
         let mut total = 0;
         loop {

@@ -302,3 +302,51 @@ async fn cleanup_removes_only_old_published_rows_and_old_inbox_records() {
     );
     db.drop_schema().await.unwrap();
 }
+
+#[tokio::test]
+async fn periodic_cleanup_deletes_published_rows_until_stopped() {
+    let db = TestOutbox::new().await.unwrap();
+    let store = db.store().with_config(StoreConfig {
+        retention: Retention::Keep(Duration::ZERO),
+        ..StoreConfig::default()
+    });
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox
+        .enqueue_many(&mut tx, &[event("1", 0), event("2", 0)])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let relay = Relay::new(store, RecordingPublisher::new()).with_config(fast_config());
+    assert_eq!(relay.run_once().await.unwrap().published, 2);
+    assert_eq!(common::remaining(&db).await, 2, "kept after publishing");
+
+    let cleanup = Cleanup::new(db.pool.clone(), &db.outbox);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        cleanup
+            .run(
+                Duration::from_millis(20),
+                Duration::ZERO,
+                Some(Duration::ZERO),
+                async {
+                    let _ = stopped.await;
+                },
+            )
+            .await;
+    });
+    let mut left = 2;
+    for _ in 0..250 {
+        left = common::remaining(&db).await;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(left, 0);
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+    db.drop_schema().await.unwrap();
+}

@@ -1,0 +1,90 @@
+//! The relay reports the documented metrics through the `metrics` facade.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+use outbox_core::testing::{MemoryStore, RecordingPublisher};
+use outbox_core::{telemetry, NewEvent, PublishError, Relay};
+
+#[tokio::test(flavor = "current_thread")]
+async fn relay_reports_published_failed_dead_and_batch_duration() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // Thread-local recorder: the current-thread runtime runs the relay on this thread.
+    let _guard = metrics::set_default_local_recorder(&recorder);
+
+    let store = MemoryStore::new();
+    for (n, event_type) in [
+        "order.created",
+        "order.created",
+        "order.flaky",
+        "order.poison",
+    ]
+    .iter()
+    .enumerate()
+    {
+        store
+            .enqueue(NewEvent::new(
+                "order",
+                n.to_string(),
+                *event_type,
+                &serde_json::json!({}),
+            ))
+            .unwrap();
+    }
+    let publisher = RecordingPublisher::failing_when(|e| match e.event_type.as_str() {
+        "order.flaky" => Some(PublishError::retryable("timeout")),
+        "order.poison" => Some(PublishError::permanent("too large")),
+        _ => None,
+    });
+    Relay::new(store, publisher).run_once().await.unwrap();
+
+    let metrics: Vec<_> = snapshotter.snapshot().into_vec();
+    let value = |kind: MetricKind, name: &str, label: Option<&str>| {
+        metrics
+            .iter()
+            .find(|(key, _, _, _)| {
+                key.kind() == kind
+                    && key.key().name() == name
+                    && label.is_none_or(|l| key.key().labels().any(|x| x.value() == l))
+            })
+            .map(|(_, _, _, v)| v)
+    };
+    assert_eq!(
+        value(MetricKind::Counter, telemetry::EVENTS_PUBLISHED, None),
+        Some(&DebugValue::Counter(2))
+    );
+    assert_eq!(
+        value(
+            MetricKind::Counter,
+            telemetry::EVENTS_FAILED,
+            Some("order.flaky")
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+    assert_eq!(
+        value(
+            MetricKind::Counter,
+            telemetry::EVENTS_FAILED,
+            Some("order.poison")
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+    assert_eq!(
+        value(
+            MetricKind::Counter,
+            telemetry::EVENTS_DEAD_LETTERED,
+            Some("order.poison")
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+    match value(MetricKind::Histogram, telemetry::BATCH_DURATION, None) {
+        Some(DebugValue::Histogram(samples)) => assert_eq!(samples.len(), 1),
+        other => panic!("no batch duration histogram: {other:?}"),
+    }
+    match value(MetricKind::Histogram, telemetry::PUBLISH_LAG, None) {
+        Some(DebugValue::Histogram(samples)) => assert_eq!(samples.len(), 2),
+        other => panic!("no publish lag histogram: {other:?}"),
+    }
+}

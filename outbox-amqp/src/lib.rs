@@ -1,1 +1,17 @@
-//! Placeholder: the amqp publisher is being written.
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod consumer;
+mod error;
+pub mod headers;
+mod publisher;
+mod routing;
+
+pub use config::{AmqpConfig, DEFAULT_URL};
+pub use consumer::Metadata;
+pub use error::{Error, Result};
+pub use publisher::AmqpPublisher;
+pub use routing::{validate_exchange, AmqpRouting, Route, MAX_SHORT_STRING};
+
+/// The `lapin` crate this one is built on, for matching types.
+pub use lapin;

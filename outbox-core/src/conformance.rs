@@ -1,1 +1,523 @@
-//! Publisher conformance suite: placeholder, being written.
+//! Publisher conformance suite: one set of checks every [`Publisher`] runs against its
+//! **real** broker (in the spirit of object_store's `integration.rs`).
+//!
+//! A broker crate implements [`ConformanceTarget`] in its tests (build a publisher,
+//! read messages back, make an event the broker refuses, build a publisher for an
+//! unreachable broker) and calls the suite's async functions, one `#[tokio::test]`
+//! each, or all at once with [`run_all`]. Every check panics with a clear message
+//! when the contract is broken, and finishes in bounded time.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use outbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
+//! use outbox_core::{Event, NullPublisher};
+//!
+//! struct MyBroker; // e.g. holds a unique stream/queue name per test
+//!
+//! impl ConformanceTarget for MyBroker {
+//!     type Publisher = NullPublisher;
+//!     async fn publisher(&self) -> Result<NullPublisher, BoxError> { Ok(NullPublisher) }
+//!     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ReceivedMessage>, BoxError> {
+//!         Ok(Vec::new()) // read up to `max` messages, waiting at most `wait`
+//!     }
+//!     fn refused(&self, event: Event) -> Event { event } // e.g. make it too large
+//!     async fn unreachable_publisher(&self) -> Result<NullPublisher, BoxError> { Ok(NullPublisher) }
+//! }
+//!
+//! #[tokio::test]
+//! async fn publish_and_read_back() {
+//!     conformance::publish_and_read_back(&MyBroker).await;
+//! }
+//! ```
+//!
+//! Rules the suite relies on:
+//! - it only creates events with [`event`]: aggregate types start with `conformance_`,
+//!   event types with `conformance.` (valid in NATS subjects, AMQP routing keys, Kafka
+//!   topic and SQS names once the adapter maps them), `destination` is `None` except in
+//!   what [`ConformanceTarget::refused`] returns;
+//! - [`ConformanceTarget::receive`] may return messages of earlier checks or duplicates:
+//!   the suite keeps the first copy of the ids it published and ignores the rest;
+//! - all messages of one aggregate are read back in broker order.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+use crate::event::{Event, Headers, TRACEPARENT};
+use crate::publisher::{FailureKind, Outcome, Publisher};
+
+/// Error type of the target's methods: anything, shown in the panic message.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Longest time the suite waits to read back what it published.
+pub const RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest time a publish or check against an unreachable broker may take
+/// (configure the unreachable publisher's timeout well below it, a few seconds).
+pub const UNREACHABLE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Longest time any publish to the reachable broker may take in the suite.
+pub const PUBLISH_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A message read back from the broker, in broker-neutral form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedMessage {
+    /// The event id, read from the message's dedup key (`Nats-Msg-Id`, AMQP
+    /// `message_id`, SQS `MessageDeduplicationId` or attribute, Kafka header).
+    pub id: Uuid,
+    /// The event type.
+    pub event_type: String,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// When the event was written, if the message carries it (the suite requires it).
+    pub created_at: Option<DateTime<Utc>>,
+    /// The message body: the event's JSON payload, byte for byte.
+    pub payload: Vec<u8>,
+    /// The message headers/attributes. Must contain every user header of the event
+    /// (including [`TRACEPARENT`]); extra metadata headers are allowed.
+    pub headers: Headers,
+}
+
+/// What a broker crate provides to run the suite against its real broker.
+///
+/// Use a fresh destination (stream, queue, topic) per target so tests can run in parallel.
+pub trait ConformanceTarget: Send + Sync {
+    /// The publisher under test.
+    type Publisher: Publisher;
+
+    /// A publisher connected to the broker, routing every event made by [`event`]
+    /// to where [`ConformanceTarget::receive`] reads.
+    fn publisher(&self) -> impl Future<Output = Result<Self::Publisher, BoxError>> + Send;
+
+    /// Read up to `max` messages published so far, waiting at most `wait` for the
+    /// first ones; an empty vector when none came. Messages must be acknowledged/removed
+    /// so they are not returned again (a redelivered duplicate is tolerated).
+    fn receive(
+        &self,
+        max: usize,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Vec<ReceivedMessage>, BoxError>> + Send;
+
+    /// Turn a valid event into one the broker refuses for good: a payload over the
+    /// broker's size limit, a destination nothing is bound to (AMQP `mandatory`), ...
+    fn refused(&self, event: Event) -> Event;
+
+    /// A publisher pointed at an unreachable broker (a closed port on 127.0.0.1)
+    /// with a short timeout (a few seconds). Building it must succeed: a relay must
+    /// be able to start while its broker is down.
+    fn unreachable_publisher(
+        &self,
+    ) -> impl Future<Output = Result<Self::Publisher, BoxError>> + Send;
+}
+
+/// A test event as the relay would claim it: fresh id, `created_at` now, no attempts,
+/// the given headers, a small JSON payload naming the aggregate and a sequence number.
+pub fn event(aggregate_type: &str, aggregate_id: &str, event_type: &str, seq: i64) -> Event {
+    let payload = serde_json::json!({
+        "aggregate": aggregate_id,
+        "seq": seq,
+        "text": "conformance \u{e9}\u{2713}",
+    });
+    Event {
+        id: Uuid::now_v7(),
+        seq,
+        aggregate_type: aggregate_type.to_string(),
+        aggregate_id: aggregate_id.to_string(),
+        event_type: event_type.to_string(),
+        payload: raw_json(&payload),
+        headers: Headers::new(),
+        destination: None,
+        created_at: Utc::now(),
+        attempts: 0,
+    }
+}
+
+/// A JSON value as a boxed raw value (for building [`Event`]s in tests).
+pub fn raw_json(value: &serde_json::Value) -> Box<RawValue> {
+    // Serialising a `Value` always yields valid JSON text.
+    RawValue::from_string(value.to_string())
+        .unwrap_or_else(|_| unreachable!("serde_json::Value serialises to valid JSON"))
+}
+
+const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+fn traced(mut e: Event, n: usize) -> Event {
+    e.headers.insert(TRACEPARENT.into(), TRACE.into());
+    e.headers
+        .insert("tenant".into(), format!("tenant-{}", n % 3));
+    e
+}
+
+/// Run every check of the suite in sequence.
+pub async fn run_all<T: ConformanceTarget>(target: &T) {
+    empty_batch(target).await;
+    publish_and_read_back(target).await;
+    message_envelope(target).await;
+    per_aggregate_order(target).await;
+    republish_is_published(target).await;
+    refused_message_fails_alone(target).await;
+    unreachable_broker_is_retryable(target).await;
+}
+
+/// An empty batch publishes nothing and returns no outcome.
+pub async fn empty_batch<T: ConformanceTarget>(target: &T) {
+    let publisher = build(target.publisher(), "publisher").await;
+    let outcomes = publish(&publisher, &[]).await;
+    assert!(
+        outcomes.is_empty(),
+        "empty batch gave outcomes: {outcomes:?}"
+    );
+}
+
+/// A batch over several aggregates is published (one `Published` per event, in order)
+/// and every message is read back from the broker.
+pub async fn publish_and_read_back<T: ConformanceTarget>(target: &T) {
+    let publisher = build(target.publisher(), "publisher").await;
+    let events: Vec<Event> = (0..24)
+        .map(|i| {
+            let e = event(
+                "conformance_order",
+                &format!("o-{}", i % 4),
+                "conformance.created",
+                i,
+            );
+            traced(e, i as usize)
+        })
+        .collect();
+    let outcomes = publish(&publisher, &events).await;
+    assert_all_published(&events, &outcomes);
+    let received = collect(target, &ids(&events), &HashSet::new()).await;
+    assert_eq!(received.len(), events.len());
+}
+
+/// Every message carries the event id as dedup key, event type, aggregate type and id,
+/// `created_at`, the payload byte for byte and the user headers including `traceparent`.
+pub async fn message_envelope<T: ConformanceTarget>(target: &T) {
+    let publisher = build(target.publisher(), "publisher").await;
+    let mut a = event(
+        "conformance_customer",
+        "c-1",
+        "conformance.customer.renamed",
+        1,
+    );
+    a.headers.insert(TRACEPARENT.into(), TRACE.into());
+    a.headers.insert("tenant".into(), "acme".into());
+    a.headers
+        .insert("x-request-id".into(), "req 42 / \u{e9}".into());
+    a.payload = raw_json(&serde_json::json!({
+        "name": "Zo\u{eb} \"quoted\" \u{1f600}",
+        "nested": {"list": [1, 2.5, null, true], "empty": {}},
+    }));
+    // Same aggregate id under another aggregate type: both fields must travel.
+    let mut b = event("conformance_invoice", "c-1", "conformance.invoice.paid", 2);
+    b.headers
+        .insert(TRACEPARENT.into(), TRACE.replace("01", "00"));
+    // A payload that is not an object, and no user header but traceparent.
+    let mut c = event(
+        "conformance_invoice",
+        "i/2 with space",
+        "conformance.invoice.voided",
+        3,
+    );
+    c.payload = raw_json(&serde_json::json!([1, "two", 3]));
+    c.headers.insert(TRACEPARENT.into(), TRACE.into());
+    let events = vec![a, b, c];
+    let outcomes = publish(&publisher, &events).await;
+    assert_all_published(&events, &outcomes);
+
+    let received = collect(target, &ids(&events), &HashSet::new()).await;
+    for (sent, got) in events.iter().zip(&received) {
+        assert_eq!(got.id, sent.id, "dedup key (event id)");
+        assert_eq!(got.event_type, sent.event_type, "event type of {}", sent.id);
+        assert_eq!(
+            got.aggregate_type, sent.aggregate_type,
+            "aggregate type of {}",
+            sent.id
+        );
+        assert_eq!(
+            got.aggregate_id, sent.aggregate_id,
+            "aggregate id of {}",
+            sent.id
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&got.payload),
+            sent.payload_str(),
+            "payload of {} must arrive byte for byte",
+            sent.id
+        );
+        let created_at = got
+            .created_at
+            .unwrap_or_else(|| panic!("message of {} carries no created_at", sent.id));
+        let skew = (created_at - sent.created_at)
+            .num_microseconds()
+            .unwrap_or(i64::MAX)
+            .abs();
+        assert!(
+            skew < 1000,
+            "created_at of {}: sent {}, received {created_at}",
+            sent.id,
+            sent.created_at
+        );
+        for (name, value) in &sent.headers {
+            assert_eq!(
+                got.headers.get(name),
+                Some(value),
+                "header `{name}` of {} (received headers: {:?})",
+                sent.id,
+                got.headers
+            );
+        }
+    }
+}
+
+/// Events of one aggregate arrive in batch order, with several aggregates interleaved.
+pub async fn per_aggregate_order<T: ConformanceTarget>(target: &T) {
+    let publisher = build(target.publisher(), "publisher").await;
+    let aggregates = ["a", "b", "c"];
+    let events: Vec<Event> = (0..60)
+        .map(|i| {
+            let agg = aggregates[i % aggregates.len()];
+            event(
+                "conformance_account",
+                agg,
+                "conformance.account.changed",
+                i as i64,
+            )
+        })
+        .collect();
+    let outcomes = publish(&publisher, &events).await;
+    assert_all_published(&events, &outcomes);
+
+    let received = collect_in_arrival_order(target, &ids(&events), &HashSet::new()).await;
+    for agg in aggregates {
+        let sent: Vec<Uuid> = events
+            .iter()
+            .filter(|e| e.aggregate_id == agg)
+            .map(|e| e.id)
+            .collect();
+        let got: Vec<Uuid> = received
+            .iter()
+            .filter(|m| m.aggregate_id == agg)
+            .map(|m| m.id)
+            .collect();
+        assert_eq!(
+            got, sent,
+            "order of aggregate {agg} (ids as sent vs as received)"
+        );
+    }
+}
+
+/// Publishing an event that was already published (the relay crashed before recording)
+/// is `Published` again, and the message is still there.
+pub async fn republish_is_published<T: ConformanceTarget>(target: &T) {
+    let publisher = build(target.publisher(), "publisher").await;
+    let events = vec![traced(
+        event("conformance_order", "dup", "conformance.created", 1),
+        0,
+    )];
+    let first = publish(&publisher, &events).await;
+    assert_all_published(&events, &first);
+    let second = publish(&publisher, &events).await;
+    assert_eq!(
+        second,
+        vec![Outcome::Published],
+        "publishing the same event again (dedup key already seen) must count as published"
+    );
+    collect(target, &ids(&events), &HashSet::new()).await;
+}
+
+/// A message the broker refuses fails `Permanent`, for that message only: the others
+/// of the same batch are `Published` and arrive.
+pub async fn refused_message_fails_alone<T: ConformanceTarget>(target: &T) {
+    let publisher = build(target.publisher(), "publisher").await;
+    let mut events: Vec<Event> = (0..5)
+        .map(|i| {
+            traced(
+                event(
+                    "conformance_order",
+                    &format!("r-{i}"),
+                    "conformance.created",
+                    i,
+                ),
+                0,
+            )
+        })
+        .collect();
+    events[2] = target.refused(events[2].clone());
+    let outcomes = publish(&publisher, &events).await;
+    assert_eq!(
+        outcomes.len(),
+        events.len(),
+        "one outcome per event: {outcomes:?}"
+    );
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 2 {
+            match outcome {
+                Outcome::Failed(e) => {
+                    assert_eq!(e.kind, FailureKind::Permanent, "refused message: {e:?}");
+                    assert!(
+                        !e.message.trim().is_empty(),
+                        "refused message needs an error text"
+                    );
+                }
+                Outcome::Published => panic!("refused message reported as published"),
+            }
+        } else {
+            assert_eq!(
+                outcome,
+                &Outcome::Published,
+                "event {i} next to a refused one"
+            );
+        }
+    }
+    let good: Vec<Uuid> = events
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 2)
+        .map(|(_, e)| e.id)
+        .collect();
+    let refused: HashSet<Uuid> = [events[2].id].into();
+    collect(target, &good, &refused).await;
+}
+
+/// A broker that cannot be reached gives `Retryable` failures (one per event) within
+/// [`UNREACHABLE_DEADLINE`]; `check` fails too; nothing panics or hangs.
+pub async fn unreachable_broker_is_retryable<T: ConformanceTarget>(target: &T) {
+    let publisher = build(target.unreachable_publisher(), "unreachable publisher").await;
+    let events: Vec<Event> = (0..3)
+        .map(|i| event("conformance_order", "down", "conformance.created", i))
+        .collect();
+    let started = Instant::now();
+    let outcomes = tokio::time::timeout(UNREACHABLE_DEADLINE, publisher.publish(&events))
+        .await
+        .unwrap_or_else(|_| {
+            panic!("publish to an unreachable broker hung for {UNREACHABLE_DEADLINE:?}")
+        });
+    assert_eq!(
+        outcomes.len(),
+        events.len(),
+        "one outcome per event: {outcomes:?}"
+    );
+    for outcome in &outcomes {
+        match outcome {
+            Outcome::Failed(e) => assert_eq!(e.kind, FailureKind::Retryable, "{e:?}"),
+            Outcome::Published => panic!("published to an unreachable broker"),
+        }
+    }
+    let check = tokio::time::timeout(UNREACHABLE_DEADLINE, publisher.check())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("check of an unreachable broker hung for {UNREACHABLE_DEADLINE:?}")
+        });
+    match check {
+        Err(e) => assert_eq!(e.kind, FailureKind::Retryable, "check: {e:?}"),
+        Ok(()) => panic!("check passed for an unreachable broker"),
+    }
+    tracing::debug!(elapsed = ?started.elapsed(), "unreachable broker reported");
+}
+
+async fn build<P>(fut: impl Future<Output = Result<P, BoxError>>, what: &str) -> P {
+    match tokio::time::timeout(PUBLISH_DEADLINE, fut).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => panic!("cannot build the {what}: {e}"),
+        Err(_) => panic!("building the {what} took over {PUBLISH_DEADLINE:?}"),
+    }
+}
+
+async fn publish<P: Publisher>(publisher: &P, events: &[Event]) -> Vec<Outcome> {
+    tokio::time::timeout(PUBLISH_DEADLINE, publisher.publish(events))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "publish of {} events took over {PUBLISH_DEADLINE:?}",
+                events.len()
+            )
+        })
+}
+
+fn ids(events: &[Event]) -> Vec<Uuid> {
+    events.iter().map(|e| e.id).collect()
+}
+
+fn assert_all_published(events: &[Event], outcomes: &[Outcome]) {
+    assert_eq!(
+        outcomes.len(),
+        events.len(),
+        "one outcome per event, got {outcomes:?}"
+    );
+    for (event, outcome) in events.iter().zip(outcomes) {
+        assert_eq!(
+            outcome,
+            &Outcome::Published,
+            "event {} ({})",
+            event.id,
+            event.event_type
+        );
+    }
+}
+
+/// Read until every id in `expected` arrived; returned in the order of `expected`.
+async fn collect<T: ConformanceTarget>(
+    target: &T,
+    expected: &[Uuid],
+    forbidden: &HashSet<Uuid>,
+) -> Vec<ReceivedMessage> {
+    let mut by_id: HashMap<Uuid, ReceivedMessage> =
+        collect_in_arrival_order(target, expected, forbidden)
+            .await
+            .into_iter()
+            .map(|m| (m.id, m))
+            .collect();
+    expected.iter().filter_map(|id| by_id.remove(id)).collect()
+}
+
+/// Read until every id in `expected` arrived; first copies, in arrival order.
+async fn collect_in_arrival_order<T: ConformanceTarget>(
+    target: &T,
+    expected: &[Uuid],
+    forbidden: &HashSet<Uuid>,
+) -> Vec<ReceivedMessage> {
+    let wanted: HashSet<Uuid> = expected.iter().copied().collect();
+    let mut seen: HashSet<Uuid> = HashSet::new();
+    let mut received = Vec::new();
+    let deadline = Instant::now() + RECEIVE_TIMEOUT;
+    while seen.len() < wanted.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let missing: Vec<&Uuid> = expected.iter().filter(|id| !seen.contains(id)).collect();
+            panic!(
+                "{} of {} messages not received within {RECEIVE_TIMEOUT:?}: {missing:?}",
+                missing.len(),
+                expected.len()
+            );
+        }
+        let wait = left.min(Duration::from_secs(2));
+        let batch = match tokio::time::timeout(
+            left + Duration::from_secs(5),
+            target.receive(wanted.len() - seen.len(), wait),
+        )
+        .await
+        {
+            Ok(Ok(batch)) => batch,
+            Ok(Err(e)) => panic!("cannot read messages back: {e}"),
+            Err(_) => panic!("receive ignored its wait of {wait:?}"),
+        };
+        for message in batch {
+            assert!(
+                !forbidden.contains(&message.id),
+                "message {} should have been refused but was delivered",
+                message.id
+            );
+            if wanted.contains(&message.id) && seen.insert(message.id) {
+                received.push(message);
+            }
+        }
+    }
+    received
+}

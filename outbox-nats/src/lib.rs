@@ -1,1 +1,17 @@
-//! Placeholder: the nats publisher is being written.
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod consumer;
+mod error;
+pub mod headers;
+mod publisher;
+mod routing;
+
+pub use config::{NatsConfig, DEFAULT_URL};
+pub use consumer::{EventConsumer, EventMessage, Metadata};
+pub use error::{Error, Result};
+pub use publisher::{NatsPublisher, DEFAULT_DUPLICATE_WINDOW};
+pub use routing::{validate_subject, SubjectRouting};
+
+/// The `async-nats` crate this one is built on, for matching types.
+pub use async_nats;

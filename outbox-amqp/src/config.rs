@@ -1,0 +1,203 @@
+//! Configuration of the [`AmqpPublisher`]: defaults, environment, validation.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use lapin::uri::AMQPUri;
+
+use crate::error::{Error, Result};
+use crate::publisher::AmqpPublisher;
+use crate::routing::AmqpRouting;
+
+/// Default broker URL: a local RabbitMQ with the guest account.
+pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// How to reach the broker and where to publish.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), outbox_amqp::Error> {
+/// use outbox_amqp::{AmqpConfig, AmqpRouting};
+/// let publisher = AmqpConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f")
+///     .routing(AmqpRouting::new("shop.events"))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct AmqpConfig {
+    /// Broker URL (`amqp://user:password@host:port/vhost`). Defaults to [`DEFAULT_URL`].
+    pub url: String,
+    /// Exchange and routing key rule. Defaults to exchange `outbox`, routing key = event type.
+    pub routing: AmqpRouting,
+    /// Longest wait for connecting, sending a message and its publisher confirm; a
+    /// message not confirmed in time is a retryable failure. Defaults to 10 s.
+    pub timeout: Duration,
+    /// Connection name shown by the broker. Defaults to `outbox-relay`.
+    pub connection_name: String,
+}
+
+impl std::fmt::Debug for AmqpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpConfig")
+            .field("url", &redact(&self.url))
+            .field("routing", &self.routing)
+            .field("timeout", &self.timeout)
+            .field("connection_name", &self.connection_name)
+            .finish()
+    }
+}
+
+/// The URL without its password, for messages and logs.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl Default for AmqpConfig {
+    fn default() -> Self {
+        Self::new(DEFAULT_URL)
+    }
+}
+
+impl AmqpConfig {
+    /// Defaults, with this broker URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            routing: AmqpRouting::default(),
+            timeout: Duration::from_secs(10),
+            connection_name: "outbox-relay".into(),
+        }
+    }
+
+    /// Defaults overridden by the environment:
+    ///
+    /// | variable | setting |
+    /// |---|---|
+    /// | `OUTBOX_AMQP_URL` | [`AmqpConfig::url`] |
+    /// | `OUTBOX_AMQP_EXCHANGE` | exchange of the default [`AmqpRouting`] |
+    /// | `OUTBOX_AMQP_TIMEOUT_MS` | [`AmqpConfig::timeout`], milliseconds |
+    /// | `OUTBOX_AMQP_CONNECTION_NAME` | [`AmqpConfig::connection_name`] |
+    ///
+    /// Unset or empty variables keep the default; unparsable ones are an error.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let var = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let mut config = Self::default();
+        if let Some(url) = var("OUTBOX_AMQP_URL") {
+            config.url = url;
+        }
+        if let Some(exchange) = var("OUTBOX_AMQP_EXCHANGE") {
+            config.routing = AmqpRouting::new(exchange);
+        }
+        if let Some(ms) = var("OUTBOX_AMQP_TIMEOUT_MS") {
+            let ms: u64 = ms
+                .trim()
+                .parse()
+                .map_err(|e| Error::config("OUTBOX_AMQP_TIMEOUT_MS", format!("`{ms}`: {e}")))?;
+            config.timeout = Duration::from_millis(ms);
+        }
+        if let Some(name) = var("OUTBOX_AMQP_CONNECTION_NAME") {
+            config.connection_name = name;
+        }
+        Ok(config)
+    }
+
+    /// Set the broker URL. Defaults to [`DEFAULT_URL`].
+    #[must_use]
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.url = url.into();
+        self
+    }
+
+    /// Set the routing rule. Defaults to exchange `outbox`, routing key = event type.
+    #[must_use]
+    pub fn routing(mut self, routing: AmqpRouting) -> Self {
+        self.routing = routing;
+        self
+    }
+
+    /// Set the connect/send/confirm timeout. Defaults to 10 s.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Set the connection name. Defaults to `outbox-relay`.
+    #[must_use]
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
+    }
+
+    /// Check every setting.
+    pub fn validate(&self) -> Result<()> {
+        AMQPUri::from_str(&self.url)
+            .map_err(|e| Error::config("url", format!("`{}`: {e}", redact(&self.url))))?;
+        if self.timeout.is_zero() {
+            return Err(Error::config("timeout", "must be greater than zero"));
+        }
+        self.routing.validate()
+    }
+
+    /// Validate and return the publisher; it connects on its first batch (or
+    /// [`check`](outbox_core::Publisher::check)), and again after any connection loss,
+    /// so a relay can start while the broker is down.
+    pub fn build(self) -> Result<AmqpPublisher> {
+        self.validate()?;
+        Ok(AmqpPublisher::new(self))
+    }
+
+    /// Validate and connect now, failing if the broker cannot be reached in time.
+    pub async fn connect(self) -> Result<AmqpPublisher> {
+        let publisher = self.build()?;
+        publisher.connect().await?;
+        Ok(publisher)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_defaults() {
+        let c = AmqpConfig::from_lookup(|name| match name {
+            "OUTBOX_AMQP_URL" => Some("amqp://u:secret@h:5673/v".into()),
+            "OUTBOX_AMQP_TIMEOUT_MS" => Some("250".into()),
+            "OUTBOX_AMQP_EXCHANGE" => Some("shop".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(250));
+        assert_eq!(c.routing.exchange(), "shop");
+        c.validate().unwrap();
+        assert!(!format!("{c:?}").contains("secret"));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = AmqpConfig::from_lookup(|n| (n == "OUTBOX_AMQP_TIMEOUT_MS").then(|| "x".into()))
+            .unwrap_err();
+        assert!(err.to_string().contains("OUTBOX_AMQP_TIMEOUT_MS"), "{err}");
+        let err = AmqpConfig::new("http://nope").validate().unwrap_err();
+        assert!(err.to_string().contains("url"), "{err}");
+        assert!(AmqpConfig::default()
+            .timeout(Duration::ZERO)
+            .validate()
+            .is_err());
+        assert!(AmqpConfig::default()
+            .routing(AmqpRouting::new("a b"))
+            .validate()
+            .is_err());
+    }
+}

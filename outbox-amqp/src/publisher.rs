@@ -1,0 +1,309 @@
+//! The RabbitMQ [`Publisher`]: publisher confirms, `mandatory`, reconnect on loss.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::SecondsFormat;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::publisher_confirm::{Confirmation, PublisherConfirm};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use outbox_core::{Event, Outcome, PublishError, Publisher};
+use tokio::sync::Mutex;
+
+use crate::config::{redact, AmqpConfig};
+use crate::error::{Error, Result};
+use crate::headers;
+use crate::routing::{AmqpRouting, MAX_SHORT_STRING};
+
+/// Publishes outbox events to RabbitMQ (AMQP 0.9.1).
+///
+/// Each event is one persistent message (`delivery_mode` 2) with `message_id` = event
+/// id, `type` = event type, `content_type` `application/json`, `timestamp` = created_at
+/// (seconds) and the metadata and user headers in the header table (see [`crate::headers`]).
+/// Publisher confirms are on and every confirm is awaited; messages are `mandatory`,
+/// so a message no queue is bound for comes back (`basic.return`) and fails
+/// permanently, alone. A `nack` fails its message only (retryable).
+///
+/// The connection is opened on first use; a lost connection or channel is dropped and
+/// re-opened by the next batch.
+#[derive(Debug, Clone)]
+pub struct AmqpPublisher {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: AmqpConfig,
+    state: Mutex<Option<Link>>,
+}
+
+#[derive(Debug)]
+struct Link {
+    connection: Connection,
+    channel: Channel,
+}
+
+impl AmqpPublisher {
+    pub(crate) fn new(config: AmqpConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                state: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The routing rule.
+    pub fn routing(&self) -> &AmqpRouting {
+        &self.inner.config.routing
+    }
+
+    /// Open the connection now if it is not open.
+    pub async fn connect(&self) -> Result<()> {
+        self.channel().await.map(|_| ())
+    }
+
+    /// A channel with publisher confirms on (shared by the batches), opening it if needed.
+    pub async fn channel(&self) -> Result<Channel> {
+        let config = &self.inner.config;
+        let mut state = self.inner.state.lock().await;
+        if let Some(link) = state.as_ref() {
+            if link.connection.status().connected() && link.channel.status().connected() {
+                return Ok(link.channel.clone());
+            }
+            tracing::warn!(url = %redact(&config.url), "AMQP connection or channel lost; reconnecting");
+        }
+        *state = None;
+        let connect_error = |reason: String| Error::Connect {
+            url: redact(&config.url),
+            reason,
+        };
+        let open = async {
+            let properties = ConnectionProperties::default()
+                .with_connection_name(config.connection_name.clone().into());
+            let connection = Connection::connect(&config.url, properties)
+                .await
+                .map_err(|e| connect_error(e.to_string()))?;
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| connect_error(format!("open channel: {e}")))?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(|e| connect_error(format!("enable publisher confirms: {e}")))?;
+            Ok::<_, Error>(Link {
+                connection,
+                channel,
+            })
+        };
+        let link = tokio::time::timeout(config.timeout, open)
+            .await
+            .map_err(|_| connect_error(format!("no connection within {:?}", config.timeout)))??;
+        let channel = link.channel.clone();
+        *state = Some(link);
+        Ok(channel)
+    }
+
+    /// Forget `channel` if it is still the current one, so the next batch reconnects.
+    async fn invalidate(&self, channel: &Channel) {
+        let mut state = self.inner.state.lock().await;
+        if state
+            .as_ref()
+            .is_some_and(|l| l.channel.id() == channel.id())
+        {
+            if let Some(link) = state.take() {
+                // Best effort: the connection may already be gone.
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    link.connection.close(0, "outbox: reconnecting"),
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Declare the routing rule's exchange (durable) with this kind; an existing exchange
+    /// with the same settings is left as is.
+    pub async fn declare_exchange(&self, kind: ExchangeKind) -> Result<()> {
+        let exchange = self.routing().exchange().to_string();
+        let channel = self.channel().await?;
+        channel
+            .exchange_declare(
+                &exchange,
+                kind,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|source| Error::Topology {
+                operation: format!("declare exchange {exchange}"),
+                source,
+            })
+    }
+
+    /// Exchange, routing key and properties of `event`; an error text is permanent.
+    fn message(&self, event: &Event) -> Result<(String, String, BasicProperties), String> {
+        let route = self.routing().route(event)?;
+        let mut table = FieldTable::default();
+        let mut insert = |name: &str, value: &str| -> Result<(), String> {
+            if name.len() > MAX_SHORT_STRING {
+                return Err(format!("header name `{name}` is over 255 bytes"));
+            }
+            table.insert(
+                ShortString::from(name),
+                AMQPValue::LongString(LongString::from(value)),
+            );
+            Ok(())
+        };
+        for (name, value) in &event.headers {
+            if !headers::is_reserved(name) {
+                insert(name, value)?;
+            }
+        }
+        let id = event.id.to_string();
+        insert(headers::EVENT_ID, &id)?;
+        insert(headers::EVENT_TYPE, &event.event_type)?;
+        insert(headers::AGGREGATE_TYPE, &event.aggregate_type)?;
+        insert(headers::AGGREGATE_ID, &event.aggregate_id)?;
+        insert(
+            headers::CREATED_AT,
+            &event
+                .created_at
+                .to_rfc3339_opts(SecondsFormat::Micros, true),
+        )?;
+        let mut properties = BasicProperties::default()
+            .with_message_id(id.into())
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_timestamp(u64::try_from(event.created_at.timestamp()).unwrap_or(0))
+            .with_headers(table);
+        if event.event_type.len() <= MAX_SHORT_STRING {
+            properties = properties.with_type(event.event_type.as_str().into());
+        }
+        Ok((route.exchange, route.routing_key, properties))
+    }
+
+    async fn send(
+        &self,
+        channel: &Channel,
+        event: &Event,
+    ) -> Result<PublisherConfirm, PublishError> {
+        let (exchange, routing_key, properties) =
+            self.message(event).map_err(PublishError::permanent)?;
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+        let timeout = self.inner.config.timeout;
+        let publish = channel.basic_publish(
+            &exchange,
+            &routing_key,
+            options,
+            event.payload_str().as_bytes(),
+            properties,
+        );
+        match tokio::time::timeout(timeout, publish).await {
+            Ok(Ok(confirm)) => Ok(confirm),
+            Ok(Err(e)) => Err(PublishError::retryable(format!(
+                "AMQP publish to exchange `{exchange}` key `{routing_key}`: {e}"
+            ))),
+            Err(_) => Err(PublishError::retryable(format!(
+                "AMQP publish to exchange `{exchange}`: not sent within {timeout:?}"
+            ))),
+        }
+    }
+}
+
+impl Publisher for AmqpPublisher {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        if events.is_empty() {
+            return Vec::new();
+        }
+        let channel = match self.channel().await {
+            Ok(channel) => channel,
+            Err(error) => return vec![Outcome::retryable(error.to_string()); events.len()],
+        };
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
+        // An aggregate with a failed event keeps its later events of this batch back.
+        let mut held: HashSet<(&str, &str)> = HashSet::new();
+        let mut confirms = Vec::with_capacity(events.len());
+        let mut broken = false;
+        for (i, event) in events.iter().enumerate() {
+            let key = (event.aggregate_type.as_str(), event.aggregate_id.as_str());
+            if held.contains(&key) {
+                outcomes[i] = Some(Outcome::retryable(format!(
+                    "held back: an earlier event of aggregate {}/{} failed in this batch",
+                    event.aggregate_type, event.aggregate_id
+                )));
+                continue;
+            }
+            match self.send(&channel, event).await {
+                Ok(confirm) => confirms.push((i, confirm)),
+                Err(error) => {
+                    broken |= error.is_retryable();
+                    held.insert(key);
+                    outcomes[i] = Some(Outcome::Failed(error));
+                }
+            }
+        }
+        let timeout = self.inner.config.timeout;
+        let results =
+            futures_util::future::join_all(confirms.into_iter().map(|(i, confirm)| async move {
+                (i, tokio::time::timeout(timeout, confirm).await)
+            }))
+            .await;
+        for (i, result) in results {
+            let event = &events[i];
+            let outcome = match result {
+                Ok(Ok(Confirmation::Ack(None))) => Outcome::Published,
+                Ok(Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)))) => {
+                    Outcome::permanent(format!(
+                        "AMQP: unroutable: exchange `{}` routing key `{}` returned by the broker: {} {}",
+                        returned.delivery.exchange,
+                        returned.delivery.routing_key,
+                        returned.reply_code,
+                        returned.reply_text
+                    ))
+                }
+                Ok(Ok(Confirmation::Nack(None))) => {
+                    Outcome::retryable("AMQP: the broker nacked the message")
+                }
+                Ok(Ok(Confirmation::NotRequested)) => {
+                    Outcome::retryable("AMQP: publisher confirms are not enabled on the channel")
+                }
+                Ok(Err(e)) => {
+                    broken = true;
+                    Outcome::retryable(format!("AMQP: no publisher confirm: {e}"))
+                }
+                Err(_) => {
+                    broken = true;
+                    Outcome::retryable(format!("AMQP: no publisher confirm within {timeout:?}"))
+                }
+            };
+            if outcome != Outcome::Published {
+                held.insert((event.aggregate_type.as_str(), event.aggregate_id.as_str()));
+            }
+            outcomes[i] = Some(outcome);
+        }
+        if broken && !channel.status().connected() {
+            self.invalidate(&channel).await;
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Outcome::retryable("AMQP: message was not sent")))
+            .collect()
+    }
+
+    async fn check(&self) -> Result<(), PublishError> {
+        self.channel()
+            .await
+            .map(|_| ())
+            .map_err(|e| PublishError::retryable(e.to_string()))
+    }
+}

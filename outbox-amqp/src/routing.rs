@@ -1,0 +1,193 @@
+//! Which exchange and routing key an event is published with.
+
+use std::collections::HashMap;
+
+use outbox_core::Event;
+
+use crate::error::{Error, Result};
+
+/// Longest routing key or exchange name AMQP 0.9.1 carries (a short string).
+pub const MAX_SHORT_STRING: usize = 255;
+
+/// Where one message goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The exchange (`""` is the default exchange, routing by queue name).
+    pub exchange: String,
+    /// The routing key.
+    pub routing_key: String,
+}
+
+/// Routing rule. For each event, the first that applies wins:
+/// 1. the event's `destination` (set at enqueue): routing key on the default exchange
+///    of this rule;
+/// 2. a route configured for its event type ([`AmqpRouting::event_type`]);
+/// 3. a route configured for its aggregate type ([`AmqpRouting::aggregate_type`]);
+/// 4. the rule's exchange with routing key = event type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AmqpRouting {
+    exchange: String,
+    by_event_type: HashMap<String, Route>,
+    by_aggregate_type: HashMap<String, Route>,
+}
+
+impl Default for AmqpRouting {
+    fn default() -> Self {
+        Self::new("outbox")
+    }
+}
+
+impl AmqpRouting {
+    /// Publish to `exchange` with routing key = event type. The default exchange name
+    /// is `outbox`.
+    pub fn new(exchange: impl Into<String>) -> Self {
+        Self {
+            exchange: exchange.into(),
+            by_event_type: HashMap::new(),
+            by_aggregate_type: HashMap::new(),
+        }
+    }
+
+    /// Publish events of `event_type` to `exchange` with `routing_key`.
+    #[must_use]
+    pub fn event_type(
+        mut self,
+        event_type: impl Into<String>,
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+    ) -> Self {
+        self.by_event_type.insert(
+            event_type.into(),
+            Route {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+            },
+        );
+        self
+    }
+
+    /// Publish events of `aggregate_type` to `exchange` with `routing_key` (unless their
+    /// event type has a route).
+    #[must_use]
+    pub fn aggregate_type(
+        mut self,
+        aggregate_type: impl Into<String>,
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+    ) -> Self {
+        self.by_aggregate_type.insert(
+            aggregate_type.into(),
+            Route {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+            },
+        );
+        self
+    }
+
+    /// The default exchange of this rule.
+    pub fn exchange(&self) -> &str {
+        &self.exchange
+    }
+
+    /// The route of `event`, validated (an error text makes the event fail permanently).
+    pub fn route(&self, event: &Event) -> Result<Route, String> {
+        let route = if let Some(destination) = &event.destination {
+            Route {
+                exchange: self.exchange.clone(),
+                routing_key: destination.clone(),
+            }
+        } else if let Some(route) = self.by_event_type.get(&event.event_type) {
+            route.clone()
+        } else if let Some(route) = self.by_aggregate_type.get(&event.aggregate_type) {
+            route.clone()
+        } else {
+            Route {
+                exchange: self.exchange.clone(),
+                routing_key: event.event_type.clone(),
+            }
+        };
+        validate_exchange(&route.exchange)?;
+        if route.routing_key.len() > MAX_SHORT_STRING {
+            return Err(format!(
+                "routing key is {} bytes long; AMQP allows {MAX_SHORT_STRING}",
+                route.routing_key.len()
+            ));
+        }
+        Ok(route)
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        validate_exchange(&self.exchange).map_err(|r| Error::config("exchange", r))?;
+        for (key, route) in self.by_event_type.iter().chain(&self.by_aggregate_type) {
+            validate_exchange(&route.exchange)
+                .map_err(|r| Error::config(format!("route `{key}`"), r))?;
+            if route.routing_key.len() > MAX_SHORT_STRING {
+                return Err(Error::config(
+                    format!("route `{key}`"),
+                    "routing key over 255 bytes",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An exchange name RabbitMQ accepts: up to 255 bytes of letters, digits, `-`, `_`,
+/// `.` and `:` (empty is the default exchange).
+pub fn validate_exchange(name: &str) -> Result<(), String> {
+    if name.len() > MAX_SHORT_STRING {
+        return Err(format!(
+            "exchange name is {} bytes long; the limit is 255",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
+    {
+        return Err(format!("exchange name `{name}` contains `{c}`"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(aggregate_type: &str, event_type: &str) -> Event {
+        outbox_core::conformance::event(aggregate_type, "1", event_type, 1)
+    }
+
+    #[test]
+    fn rules_apply_in_order() {
+        let r = AmqpRouting::new("app")
+            .event_type("order.paid", "billing", "paid")
+            .aggregate_type("order", "orders", "all");
+        let route = |e: &Event| r.route(e).map(|r| (r.exchange, r.routing_key));
+        assert_eq!(
+            route(&event("order", "order.paid")),
+            Ok(("billing".into(), "paid".into()))
+        );
+        assert_eq!(
+            route(&event("order", "order.created")),
+            Ok(("orders".into(), "all".into()))
+        );
+        assert_eq!(
+            route(&event("user", "user.created")),
+            Ok(("app".into(), "user.created".into()))
+        );
+        let mut e = event("order", "order.paid");
+        e.destination = Some("special".into());
+        assert_eq!(route(&e), Ok(("app".into(), "special".into())));
+    }
+
+    #[test]
+    fn invalid_names_are_refused() {
+        assert!(AmqpRouting::new("bad exchange").validate().is_err());
+        assert!(AmqpRouting::new("ok")
+            .route(&event("o", &"x".repeat(300)))
+            .is_err());
+        assert!(AmqpRouting::new("").validate().is_ok());
+    }
+}

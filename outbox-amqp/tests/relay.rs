@@ -1,0 +1,276 @@
+//! End to end: events enqueued in PostgreSQL transactions reach a real RabbitMQ queue.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use common::proxy::Proxy;
+use common::{amqp_addr, amqp_url, url_via, AmqpTarget};
+use outbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
+use outbox_postgres::testing::TestOutbox;
+use outbox_postgres::{DeadLetterFilter, DeadLetters};
+use uuid::Uuid;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn relay_config() -> RelayConfig {
+    RelayConfig {
+        batch_size: 50,
+        poll_interval: Duration::from_millis(20),
+        publish_timeout: Duration::from_secs(15),
+        retry: RetryPolicy::default()
+            .max_attempts(1000)
+            .base_delay(Duration::from_millis(50))
+            .max_delay(Duration::from_millis(300)),
+        ..RelayConfig::default()
+    }
+}
+
+/// Run `relay` while `work` runs, then shut it down gracefully; bounded by [`DEADLINE`].
+async fn with_relay<S: Store, P: Publisher, T>(
+    relay: &Relay<S, P>,
+    work: impl Future<Output = T>,
+) -> T {
+    let stop = tokio::sync::Notify::new();
+    let run = async {
+        let (_, out) = tokio::join!(relay.run(stop.notified()), async {
+            let out = work.await;
+            stop.notify_one();
+            out
+        });
+        out
+    };
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("test did not finish in time")
+}
+
+async fn enqueue(test: &TestOutbox, events: &[NewEvent]) {
+    let mut tx = test.pool.begin().await.expect("begin");
+    for event in events {
+        test.outbox.enqueue(&mut tx, event).await.expect("enqueue");
+    }
+    tx.commit().await.expect("commit");
+}
+
+/// Get until every id in `ids` was received; returns arrival order and counts.
+async fn receive_all(target: &AmqpTarget, ids: &[Uuid]) -> (Vec<Uuid>, HashMap<Uuid, usize>) {
+    let wanted: HashSet<Uuid> = ids.iter().copied().collect();
+    let mut order = Vec::new();
+    let mut counts: HashMap<Uuid, usize> = HashMap::new();
+    let deadline = Instant::now() + DEADLINE;
+    while !wanted.iter().all(|id| counts.contains_key(id)) {
+        assert!(
+            Instant::now() < deadline,
+            "not all events arrived: {counts:?}"
+        );
+        for (meta, _) in target.get(100, Duration::from_millis(500)).await {
+            order.push(meta.id);
+            *counts.entry(meta.id).or_default() += 1;
+        }
+    }
+    (order, counts)
+}
+
+async fn wait_until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn events_from_postgres_reach_the_queue_in_order() {
+    let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let target = AmqpTarget::new().await;
+    let publisher = target.config(&amqp_url()).connect().await.expect("connect");
+    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+
+    let mut sent = Vec::new();
+    for tx in 0..3 {
+        let events: Vec<NewEvent> = (0..10)
+            .map(|i| {
+                NewEvent::new(
+                    "order",
+                    format!("o-{}", i % 2),
+                    "order.created",
+                    &serde_json::json!({"tx": tx, "i": i}),
+                )
+                .with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            })
+            .collect();
+        enqueue(&test, &events).await;
+        sent.extend(events);
+    }
+    let ids: Vec<Uuid> = sent.iter().map(|e| e.id).collect();
+    let (order, counts) = with_relay(&relay, receive_all(&target, &ids)).await;
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "each event once: {counts:?}"
+    );
+    assert_eq!(counts.len(), ids.len());
+    for agg in ["o-0", "o-1"] {
+        let expected: Vec<Uuid> = sent
+            .iter()
+            .filter(|e| e.aggregate_id == agg)
+            .map(|e| e.id)
+            .collect();
+        let got: Vec<Uuid> = order
+            .iter()
+            .copied()
+            .filter(|id| expected.contains(id))
+            .collect();
+        assert_eq!(got, expected, "order of aggregate {agg}");
+    }
+    assert_eq!(relay.store().pending().await.expect("pending"), 0);
+    target.delete().await;
+    test.drop_schema().await.expect("drop schema");
+}
+
+#[tokio::test]
+async fn outage_keeps_events_in_the_outbox_until_the_broker_is_back() {
+    let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let target = AmqpTarget::new().await;
+    let proxy = Proxy::start(amqp_addr()).await.expect("proxy");
+    let publisher = target
+        .config(&url_via(proxy.addr()))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("connect through the proxy");
+    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+
+    // One batch on the first connection, then the connection is lost.
+    let first = NewEvent::new("order", "before", "order.created", &serde_json::json!({}));
+    enqueue(&test, std::slice::from_ref(&first)).await;
+    assert_eq!(relay.run_once().await.expect("relay").published, 1);
+
+    proxy.cut();
+    let events: Vec<NewEvent> = (0..10)
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("o-{i}"),
+                "order.created",
+                &serde_json::json!({"i": i}),
+            )
+        })
+        .collect();
+    enqueue(&test, &events).await;
+    let mut ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+    let table = format!(
+        "{}.{}",
+        test.tables.schema().quoted(),
+        test.tables.events().quoted()
+    );
+
+    let counts = with_relay(&relay, async {
+        wait_until("failed attempts recorded", || async {
+            let failed: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {table} WHERE attempts > 0 AND last_error IS NOT NULL \
+                 AND processed_at IS NULL AND dead_at IS NULL"
+            ))
+            .fetch_one(&test.pool)
+            .await
+            .expect("count");
+            failed == ids.len() as i64
+        })
+        .await;
+        assert!(
+            relay.publisher().check().await.is_err(),
+            "check must fail during the outage"
+        );
+        proxy.restore();
+        ids.push(first.id);
+        let counts = receive_all(&target, &ids).await.1;
+        // A message whose confirm was lost is published again (at least once).
+        wait_until("an empty outbox", || async {
+            relay.store().pending().await.expect("pending") == 0
+        })
+        .await;
+        counts
+    })
+    .await;
+
+    assert_eq!(counts.len(), ids.len(), "every event delivered: {counts:?}");
+    assert_eq!(relay.store().pending().await.expect("pending"), 0);
+    let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
+    assert_eq!(
+        dead.count(&DeadLetterFilter::default())
+            .await
+            .expect("count"),
+        0
+    );
+    target.delete().await;
+    test.drop_schema().await.expect("drop schema");
+}
+
+#[tokio::test]
+async fn unroutable_message_is_a_dead_letter_and_others_flow() {
+    let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let target = AmqpTarget::new().await;
+    let publisher = target.config(&amqp_url()).connect().await.expect("connect");
+    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+
+    let lost = NewEvent::new(
+        "payment",
+        "p-1",
+        "payment.captured",
+        &serde_json::json!({"amount": 5}),
+    );
+    let mut events = vec![lost.clone()];
+    events.extend((0..5).map(|i| {
+        NewEvent::new(
+            "order",
+            format!("o-{i}"),
+            "order.created",
+            &serde_json::json!({"i": i}),
+        )
+    }));
+    enqueue(&test, &events).await;
+    let good: Vec<Uuid> = events[1..].iter().map(|e| e.id).collect();
+    let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
+
+    let counts = with_relay(&relay, async {
+        let counts = receive_all(&target, &good).await.1;
+        wait_until("the dead letter", || async {
+            dead.count(&DeadLetterFilter::default())
+                .await
+                .expect("count")
+                == 1
+        })
+        .await;
+        counts
+    })
+    .await;
+
+    assert!(!counts.contains_key(&lost.id));
+    let letter = dead
+        .show(lost.id)
+        .await
+        .expect("show")
+        .expect("dead letter of the unroutable event");
+    let error = letter.last_error.unwrap_or_default();
+    assert!(
+        error.contains("permanent") && error.contains("unroutable"),
+        "last error: {error}"
+    );
+    assert!(
+        error.contains("payment.captured"),
+        "the error names the routing key: {error}"
+    );
+    assert_eq!(
+        letter.event.attempts, 1,
+        "a permanent failure is not retried"
+    );
+    assert_eq!(relay.store().pending().await.expect("pending"), 0);
+    target.delete().await;
+    test.drop_schema().await.expect("drop schema");
+}

@@ -1,0 +1,211 @@
+//! Consumer side: read the event id and metadata back from NATS messages.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
+use async_nats::jetstream::{self, Message as JsMessage};
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use outbox_core::{Headers, TRACEPARENT};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::headers;
+
+/// The outbox metadata of a received message.
+///
+/// ```no_run
+/// # fn demo(message: &outbox_nats::async_nats::Message) -> Result<(), outbox_nats::Error> {
+/// let meta = outbox_nats::Metadata::from_message(message)?;
+/// println!("{} {} of {}/{}", meta.id, meta.event_type, meta.aggregate_type, meta.aggregate_id);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    /// The event id: the dedup key for the consumer's inbox.
+    pub id: Uuid,
+    /// The event type.
+    pub event_type: String,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// When the event was written, if the header is present and valid.
+    pub created_at: Option<DateTime<Utc>>,
+    /// The user headers, including `traceparent`, without the outbox's own headers.
+    pub headers: Headers,
+}
+
+impl Metadata {
+    /// Read the metadata from a message published by [`crate::NatsPublisher`]
+    /// (a JetStream message derefs to it). Errors name the missing or invalid header.
+    pub fn from_message(message: &async_nats::Message) -> Result<Self> {
+        let not_event = |reason: String| Error::NotAnEvent {
+            subject: message.subject.to_string(),
+            reason,
+        };
+        let Some(map) = &message.headers else {
+            return Err(not_event("it has no headers".into()));
+        };
+        let mut all = Headers::new();
+        for (name, values) in map.iter() {
+            if let Some(value) = values.last() {
+                all.insert(name.to_string(), value.to_string());
+            }
+        }
+        let get = |name: &str| -> Result<String> {
+            all.iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+                .ok_or_else(|| not_event(format!("header `{name}` is missing")))
+        };
+        let id_text = get(headers::EVENT_ID).or_else(|_| get(headers::MSG_ID))?;
+        let id = Uuid::parse_str(&id_text)
+            .map_err(|e| not_event(format!("event id `{id_text}` is not a UUID: {e}")))?;
+        let created_at = get(headers::CREATED_AT)
+            .ok()
+            .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+            .map(|t| t.with_timezone(&Utc));
+        let metadata = Self {
+            id,
+            event_type: get(headers::EVENT_TYPE)?,
+            aggregate_type: get(headers::AGGREGATE_TYPE)?,
+            aggregate_id: get(headers::AGGREGATE_ID)?,
+            created_at,
+            headers: all
+                .into_iter()
+                .filter(|(k, _)| !headers::is_reserved(k))
+                .collect(),
+        };
+        Ok(metadata)
+    }
+
+    /// The W3C `traceparent`, if the producer recorded one.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.headers.get(TRACEPARENT).map(String::as_str)
+    }
+}
+
+/// A JetStream message with its outbox metadata.
+#[derive(Debug)]
+pub struct EventMessage {
+    /// The event's metadata.
+    pub metadata: Metadata,
+    /// The message: payload, and `ack()` once processed.
+    pub message: JsMessage,
+}
+
+impl EventMessage {
+    /// The event id.
+    pub fn id(&self) -> Uuid {
+        self.metadata.id
+    }
+
+    /// The JSON payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.message.payload
+    }
+
+    /// Acknowledge the message so the server does not deliver it again.
+    pub async fn ack(&self) -> Result<()> {
+        self.message
+            .ack()
+            .await
+            .map_err(|e| Error::jetstream("ack", e))
+    }
+}
+
+/// A durable pull consumer on a stream whose messages come with their [`Metadata`].
+///
+/// Messages must be acknowledged ([`EventMessage::ack`]) after processing; with an
+/// inbox ([`outbox_postgres::Inbox`](https://docs.rs/outbox-postgres)) a redelivered
+/// message is recognised by its id.
+pub struct EventConsumer {
+    consumer: PullConsumer,
+    messages: Option<pull::Stream>,
+}
+
+impl std::fmt::Debug for EventConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventConsumer").finish_non_exhaustive()
+    }
+}
+
+impl EventConsumer {
+    /// Create (or reuse) the durable consumer `durable` on `stream`, receiving the
+    /// subjects matching `filter` (empty: all of the stream), explicit acks.
+    pub async fn durable(
+        jetstream: &jetstream::Context,
+        stream: &str,
+        durable: &str,
+        filter: &str,
+    ) -> Result<Self> {
+        let operation = format!("create consumer {durable} on stream {stream}");
+        let stream_handle = jetstream
+            .get_stream(stream)
+            .await
+            .map_err(|e| Error::jetstream(&operation, e))?;
+        let consumer: PullConsumer = stream_handle
+            .get_or_create_consumer(
+                durable,
+                pull::Config {
+                    durable_name: Some(durable.to_string()),
+                    filter_subject: filter.to_string(),
+                    ack_policy: AckPolicy::Explicit,
+                    ..pull::Config::default()
+                },
+            )
+            .await
+            .map_err(|e| Error::jetstream(&operation, e))?;
+        Ok(Self {
+            consumer,
+            messages: None,
+        })
+    }
+
+    /// Up to `max` messages, waiting at most `wait` for them. A message that is not an
+    /// outbox event is acknowledged (so it does not come back) and returned as an error.
+    pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Result<EventMessage>>> {
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(max.max(1))
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| Error::jetstream("fetch", e))?;
+        let mut out = Vec::new();
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|e| Error::jetstream("fetch", e))?;
+            out.push(wrap(message).await);
+        }
+        Ok(out)
+    }
+
+    /// The next message, waiting as long as it takes (wrap in a timeout or `select!`
+    /// to stop). `None` when the consumer is gone.
+    pub async fn next(&mut self) -> Option<Result<EventMessage>> {
+        if self.messages.is_none() {
+            match self.consumer.messages().await {
+                Ok(stream) => self.messages = Some(stream),
+                Err(e) => return Some(Err(Error::jetstream("consume", e))),
+            }
+        }
+        let message = self.messages.as_mut()?.next().await?;
+        Some(match message {
+            Ok(message) => wrap(message).await,
+            Err(e) => Err(Error::jetstream("consume", e)),
+        })
+    }
+}
+
+async fn wrap(message: JsMessage) -> Result<EventMessage> {
+    match Metadata::from_message(&message) {
+        Ok(metadata) => Ok(EventMessage { metadata, message }),
+        Err(error) => {
+            // Not ours: acknowledge so it does not come back forever.
+            let _ = message.ack().await;
+            Err(error)
+        }
+    }
+}

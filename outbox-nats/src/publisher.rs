@@ -1,0 +1,354 @@
+//! The JetStream [`Publisher`].
+
+use std::collections::HashSet;
+use std::future::IntoFuture;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::connection::State;
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::response::Response;
+use async_nats::jetstream::{self, stream};
+use async_nats::{ConnectOptions, HeaderMap, HeaderName, HeaderValue};
+use chrono::SecondsFormat;
+use outbox_core::{Event, Outcome, PublishError, Publisher};
+use tokio::sync::Semaphore;
+
+use crate::config::NatsConfig;
+use crate::error::{Error, Result};
+use crate::headers;
+use crate::routing::SubjectRouting;
+
+/// Default JetStream dedup window of streams made by [`NatsPublisher::stream_config`].
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// Publishes outbox events to NATS JetStream.
+///
+/// Each event becomes one message on the subject chosen by the [`SubjectRouting`],
+/// with `Nats-Msg-Id` = event id (the server drops a repeat within the stream's
+/// duplicate window and says so in the PubAck, which counts as published), the
+/// metadata in headers (see [`crate::headers`]) and the JSON payload as body.
+/// Messages of a batch are sent in order on one connection, many in flight, and
+/// every PubAck is awaited.
+///
+/// Failures: a message over the server's max payload, an invalid subject or header,
+/// or a stream refusing the message size are permanent; anything else (no
+/// connection, timeout, no stream for the subject) is retryable.
+#[derive(Debug, Clone)]
+pub struct NatsPublisher {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    routing: SubjectRouting,
+    timeout: Duration,
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
+    url: String,
+    duplicates: AtomicU64,
+}
+
+impl NatsPublisher {
+    pub(crate) async fn start(config: NatsConfig, eager: bool) -> Result<Self> {
+        let servers = config.validate()?;
+        let mut options = ConnectOptions::new()
+            .name(&config.client_name)
+            .connection_timeout(config.timeout)
+            .request_timeout(Some(config.timeout))
+            .max_reconnects(None);
+        if !eager {
+            options = options.retry_on_initial_connect();
+        }
+        if let Some((user, password)) = &config.user_password {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(token) = &config.token {
+            options = options.token(token.clone());
+        }
+        let connect_error = |reason: String| Error::Connect {
+            url: config.url.clone(),
+            reason,
+        };
+        let client = tokio::time::timeout(config.timeout, options.connect(servers))
+            .await
+            .map_err(|_| connect_error(format!("no connection within {:?}", config.timeout)))?
+            .map_err(|e| connect_error(e.to_string()))?;
+        Ok(Self::from_client(client, config))
+    }
+
+    /// A publisher on an existing client; `config` gives routing, timeout and in-flight
+    /// limit (its connection settings are not used).
+    pub fn from_client(client: async_nats::Client, config: NatsConfig) -> Self {
+        let max_in_flight = config.max_in_flight.max(1);
+        let jetstream = jetstream::ContextBuilder::new()
+            .timeout(config.timeout)
+            .max_ack_inflight(max_in_flight)
+            .backpressure_on_inflight(true)
+            .build(client.clone());
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                jetstream,
+                routing: config.routing,
+                timeout: config.timeout,
+                in_flight: Arc::new(Semaphore::new(max_in_flight)),
+                max_in_flight,
+                url: config.url,
+                duplicates: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The NATS client (for subscribing, or sharing the connection).
+    pub fn client(&self) -> &async_nats::Client {
+        &self.inner.client
+    }
+
+    /// The JetStream context used to publish.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.inner.jetstream
+    }
+
+    /// The routing rule.
+    pub fn routing(&self) -> &SubjectRouting {
+        &self.inner.routing
+    }
+
+    /// Messages the server reported as duplicates (already stored within its
+    /// duplicate window) since this publisher was built. They count as published.
+    pub fn duplicates(&self) -> u64 {
+        self.inner.duplicates.load(Ordering::Relaxed)
+    }
+
+    /// A file-backed stream `name` capturing `<prefix>.>` (the default routing rule's
+    /// subjects) with a [`DEFAULT_DUPLICATE_WINDOW`] dedup window. Adjust it and pass
+    /// it to [`NatsPublisher::ensure_stream`].
+    pub fn stream_config(&self, name: &str) -> stream::Config {
+        stream::Config {
+            name: name.to_string(),
+            subjects: vec![format!("{}.>", self.inner.routing.prefix())],
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
+            ..stream::Config::default()
+        }
+    }
+
+    /// Create the stream if it does not exist yet (an existing one is left as is),
+    /// and return its info.
+    pub async fn ensure_stream(&self, config: stream::Config) -> Result<stream::Info> {
+        let operation = format!("create stream {}", config.name);
+        let mut stream = self
+            .inner
+            .jetstream
+            .get_or_create_stream(config)
+            .await
+            .map_err(|e| Error::jetstream(&operation, e))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| Error::jetstream(&operation, e))?;
+        Ok(info.clone())
+    }
+
+    /// Subject and headers of the message for `event`; an error text makes it permanent.
+    fn message(&self, event: &Event) -> Result<(String, HeaderMap), String> {
+        let subject = self.inner.routing.subject(event)?;
+        let mut map = HeaderMap::new();
+        let mut insert = |name: &str, value: &str| -> Result<(), String> {
+            let header = HeaderName::from_str(name)
+                .map_err(|e| format!("header name `{name}` is not valid in NATS: {e}"))?;
+            let value = HeaderValue::from_str(value)
+                .map_err(|e| format!("value of header `{name}` is not valid in NATS: {e}"))?;
+            map.insert(header, value);
+            Ok(())
+        };
+        for (name, value) in &event.headers {
+            if !headers::is_reserved(name) {
+                insert(name, value)?;
+            }
+        }
+        let id = event.id.to_string();
+        let created_at = event
+            .created_at
+            .to_rfc3339_opts(SecondsFormat::Micros, true);
+        insert(headers::MSG_ID, &id)?;
+        insert(headers::EVENT_ID, &id)?;
+        insert(headers::EVENT_TYPE, &event.event_type)?;
+        insert(headers::AGGREGATE_TYPE, &event.aggregate_type)?;
+        insert(headers::AGGREGATE_ID, &event.aggregate_id)?;
+        insert(headers::CREATED_AT, &created_at)?;
+        insert(headers::CONTENT_TYPE, "application/json")?;
+        Ok((subject, map))
+    }
+
+    /// Send one message; the returned future resolves to its PubAck.
+    async fn send(
+        &self,
+        event: &Event,
+    ) -> Result<jetstream::context::PublishAckFuture, PublishError> {
+        let (subject, headers) = self.message(event).map_err(PublishError::permanent)?;
+        let publish = PublishMessage::build()
+            .payload(event.payload_str().to_owned().into())
+            .headers(headers);
+        let timeout = self.inner.timeout;
+        match tokio::time::timeout(
+            timeout,
+            self.inner.jetstream.send_publish(subject.clone(), publish),
+        )
+        .await
+        {
+            Ok(Ok(ack)) => Ok(ack),
+            Ok(Err(error)) => Err(classify(&subject, &error)),
+            Err(_) => Err(PublishError::retryable(format!(
+                "NATS publish to `{subject}`: not sent within {timeout:?} ({})",
+                self.state()
+            ))),
+        }
+    }
+
+    fn state(&self) -> String {
+        format!(
+            "connection to {} {}",
+            self.inner.url,
+            self.inner.client.connection_state()
+        )
+    }
+
+    async fn publish_chunk(
+        &self,
+        events: &[Event],
+        outcomes: &mut [Option<Outcome>],
+        held: &mut HashSet<(String, String)>,
+    ) {
+        // Take all permits of the chunk at once: concurrent batches cannot deadlock
+        // on JetStream's in-flight limit, which has the same size.
+        let permits = u32::try_from(events.len()).unwrap_or(u32::MAX);
+        let _permits = match self.inner.in_flight.acquire_many(permits).await {
+            Ok(permits) => permits,
+            Err(_) => {
+                for outcome in outcomes.iter_mut() {
+                    *outcome = Some(Outcome::retryable("NATS publisher closed"));
+                }
+                return;
+            }
+        };
+        let mut acks = Vec::with_capacity(events.len());
+        for (i, event) in events.iter().enumerate() {
+            let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
+            if held.contains(&key) {
+                outcomes[i] = Some(Outcome::retryable(format!(
+                    "held back: an earlier event of aggregate {}/{} failed in this batch",
+                    event.aggregate_type, event.aggregate_id
+                )));
+                continue;
+            }
+            match self.send(event).await {
+                Ok(ack) => acks.push((i, ack)),
+                Err(error) => {
+                    held.insert(key);
+                    outcomes[i] = Some(Outcome::Failed(error));
+                }
+            }
+        }
+        let timeout = self.inner.timeout;
+        let results = futures_util::future::join_all(acks.into_iter().map(|(i, ack)| async move {
+            (i, tokio::time::timeout(timeout, ack.into_future()).await)
+        }))
+        .await;
+        for (i, result) in results {
+            let event = &events[i];
+            let outcome = match result {
+                Ok(Ok(ack)) => {
+                    if ack.duplicate {
+                        self.inner.duplicates.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(event_id = %event.id, stream = %ack.stream, "duplicate PubAck: already stored");
+                    }
+                    Outcome::Published
+                }
+                Ok(Err(error)) => {
+                    let subject = self.inner.routing.subject(event).unwrap_or_default();
+                    Outcome::Failed(classify(&subject, &error))
+                }
+                Err(_) => Outcome::retryable(format!(
+                    "NATS: no PubAck for event {} within {timeout:?} ({})",
+                    event.id,
+                    self.state()
+                )),
+            };
+            if outcome != Outcome::Published {
+                held.insert((event.aggregate_type.clone(), event.aggregate_id.clone()));
+            }
+            outcomes[i] = Some(outcome);
+        }
+    }
+}
+
+impl Publisher for NatsPublisher {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
+        // An aggregate with a failed event keeps its later events of this batch back,
+        // so they are not published ahead of it.
+        let mut held = HashSet::new();
+        let chunk = self.inner.max_in_flight;
+        for (events, outcomes) in events.chunks(chunk).zip(outcomes.chunks_mut(chunk)) {
+            self.publish_chunk(events, outcomes, &mut held).await;
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Outcome::retryable("NATS: message was not sent")))
+            .collect()
+    }
+
+    async fn check(&self) -> Result<(), PublishError> {
+        if self.inner.client.connection_state() != State::Connected {
+            return Err(PublishError::retryable(format!("NATS: {}", self.state())));
+        }
+        // The account INFO request proves JetStream answers; its body is not parsed
+        // (its layout varies between server versions).
+        let info = self
+            .inner
+            .jetstream
+            .request::<_, _, Response<serde_json::Value>>("INFO", b"");
+        match tokio::time::timeout(self.inner.timeout, info).await {
+            Ok(Ok(Response::Ok(_))) => Ok(()),
+            Ok(Ok(Response::Err { error })) => Err(PublishError::retryable(format!(
+                "NATS JetStream unavailable: {error}"
+            ))),
+            Ok(Err(e)) => Err(PublishError::retryable(format!(
+                "NATS JetStream unavailable: {e}"
+            ))),
+            Err(_) => Err(PublishError::retryable(format!(
+                "NATS JetStream: no answer within {:?}",
+                self.inner.timeout
+            ))),
+        }
+    }
+}
+
+/// Permanent when the same message will be refused again; retryable otherwise.
+fn classify(subject: &str, error: &jetstream::context::PublishError) -> PublishError {
+    let text = format!("NATS publish to `{subject}`: {error}");
+    match error.kind() {
+        PublishErrorKind::MaxPayloadExceeded
+        | PublishErrorKind::WrongLastMessageId
+        | PublishErrorKind::WrongLastSequence => PublishError::permanent(text),
+        PublishErrorKind::StreamNotFound => PublishError::retryable(format!(
+            "{text} (no JetStream stream captures this subject; create one, e.g. with NatsPublisher::ensure_stream)"
+        )),
+        PublishErrorKind::Other => {
+            let code = std::error::Error::source(error)
+                .and_then(|s| s.downcast_ref::<jetstream::Error>())
+                .map(jetstream::Error::error_code);
+            match code {
+                Some(jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => PublishError::permanent(text),
+                _ => PublishError::retryable(text),
+            }
+        }
+        _ => PublishError::retryable(text),
+    }
+}

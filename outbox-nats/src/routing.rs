@@ -1,0 +1,152 @@
+//! Which subject an event is published to.
+
+use std::collections::HashMap;
+
+use outbox_core::Event;
+
+use crate::error::{Error, Result};
+
+/// Subject routing rule. For each event, the first that applies wins:
+/// 1. the event's `destination` (set at enqueue), used as the subject;
+/// 2. a subject configured for its event type ([`SubjectRouting::event_type`]);
+/// 3. a subject configured for its aggregate type ([`SubjectRouting::aggregate_type`]);
+/// 4. `<prefix>.<event_type>`.
+///
+/// A resulting subject that is not a valid publish subject (empty token, whitespace,
+/// wildcard) makes that event fail permanently.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubjectRouting {
+    prefix: String,
+    by_event_type: HashMap<String, String>,
+    by_aggregate_type: HashMap<String, String>,
+}
+
+impl Default for SubjectRouting {
+    fn default() -> Self {
+        Self::new("outbox")
+    }
+}
+
+impl SubjectRouting {
+    /// Route every event to `<prefix>.<event_type>`. The default prefix is `outbox`.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+            by_event_type: HashMap::new(),
+            by_aggregate_type: HashMap::new(),
+        }
+    }
+
+    /// Publish events of `event_type` to `subject`.
+    #[must_use]
+    pub fn event_type(mut self, event_type: impl Into<String>, subject: impl Into<String>) -> Self {
+        self.by_event_type.insert(event_type.into(), subject.into());
+        self
+    }
+
+    /// Publish events of `aggregate_type` to `subject` (unless their event type has a rule).
+    #[must_use]
+    pub fn aggregate_type(
+        mut self,
+        aggregate_type: impl Into<String>,
+        subject: impl Into<String>,
+    ) -> Self {
+        self.by_aggregate_type
+            .insert(aggregate_type.into(), subject.into());
+        self
+    }
+
+    /// The subject prefix of the default rule.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The subject `event` is published to, validated.
+    pub fn subject(&self, event: &Event) -> Result<String, String> {
+        let subject = if let Some(destination) = &event.destination {
+            destination.clone()
+        } else if let Some(subject) = self.by_event_type.get(&event.event_type) {
+            subject.clone()
+        } else if let Some(subject) = self.by_aggregate_type.get(&event.aggregate_type) {
+            subject.clone()
+        } else {
+            format!("{}.{}", self.prefix, event.event_type)
+        };
+        validate_subject(&subject)?;
+        Ok(subject)
+    }
+
+    /// Check the prefix and every configured subject.
+    pub(crate) fn validate(&self) -> Result<()> {
+        validate_subject(&self.prefix).map_err(|r| Error::config("subject prefix", r))?;
+        for (key, subject) in self.by_event_type.iter().chain(&self.by_aggregate_type) {
+            validate_subject(subject).map_err(|r| Error::config(format!("route `{key}`"), r))?;
+        }
+        Ok(())
+    }
+}
+
+/// A valid subject to publish to: dot-separated non-empty tokens, no whitespace or
+/// control characters, no wildcard tokens (`*`, `>`).
+pub fn validate_subject(subject: &str) -> Result<(), String> {
+    if subject.is_empty() {
+        return Err("subject is empty".into());
+    }
+    if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "subject `{subject}` contains whitespace or control characters"
+        ));
+    }
+    for token in subject.split('.') {
+        match token {
+            "" => return Err(format!("subject `{subject}` has an empty token")),
+            "*" | ">" => return Err(format!("subject `{subject}` has a wildcard token")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(aggregate_type: &str, event_type: &str) -> Event {
+        outbox_core::conformance::event(aggregate_type, "1", event_type, 1)
+    }
+
+    #[test]
+    fn rules_apply_in_order() {
+        let r = SubjectRouting::new("app")
+            .event_type("order.paid", "billing.paid")
+            .aggregate_type("order", "orders");
+        assert_eq!(
+            r.subject(&event("order", "order.paid")).as_deref(),
+            Ok("billing.paid")
+        );
+        assert_eq!(
+            r.subject(&event("order", "order.created")).as_deref(),
+            Ok("orders")
+        );
+        assert_eq!(
+            r.subject(&event("user", "user.created")).as_deref(),
+            Ok("app.user.created")
+        );
+        let mut e = event("order", "order.paid");
+        e.destination = Some("special.subject".into());
+        assert_eq!(r.subject(&e).as_deref(), Ok("special.subject"));
+    }
+
+    #[test]
+    fn invalid_subjects_are_refused() {
+        let r = SubjectRouting::new("app");
+        assert!(r.subject(&event("order", "order created")).is_err());
+        assert!(r.subject(&event("order", "order..created")).is_err());
+        assert!(r.subject(&event("order", ">")).is_err());
+        assert!(SubjectRouting::new("a.").validate().is_err());
+        assert!(SubjectRouting::new("a")
+            .event_type("x", "b.*")
+            .validate()
+            .is_err());
+    }
+}

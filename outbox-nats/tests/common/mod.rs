@@ -1,0 +1,145 @@
+//! Shared by the NATS integration tests: a unique stream per test on the real server.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod proxy;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use outbox_core::conformance::{BoxError, ConformanceTarget, ReceivedMessage};
+use outbox_core::Event;
+use outbox_nats::async_nats::jetstream::stream::StorageType;
+use outbox_nats::{EventConsumer, EventMessage, NatsConfig, NatsPublisher, SubjectRouting};
+
+/// The NATS server under test: `NATS_URL`, or the local one.
+pub fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// Its address, for the proxy.
+pub fn nats_addr() -> SocketAddr {
+    let url = nats_url();
+    let host_port = url.rsplit("://").next().unwrap_or(&url).to_string();
+    std::net::ToSocketAddrs::to_socket_addrs(&host_port)
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("cannot resolve NATS address {url}"))
+}
+
+/// A fresh subject prefix and in-memory stream capturing it, plus a durable consumer.
+pub struct NatsTarget {
+    pub prefix: String,
+    pub stream: String,
+    /// Publisher on the real server (also used for administration).
+    pub admin: NatsPublisher,
+    pub consumer: EventConsumer,
+}
+
+impl NatsTarget {
+    pub async fn new() -> Self {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let prefix = format!("outbox_test_{id}");
+        let stream = format!("OUTBOX_TEST_{id}");
+        let admin = Self::config_for(&prefix, &nats_url())
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("NATS with JetStream must run at {}: {e}", nats_url()));
+        let mut config = admin.stream_config(&stream);
+        config.storage = StorageType::Memory;
+        config.max_age = Duration::from_secs(600);
+        admin
+            .ensure_stream(config)
+            .await
+            .expect("create test stream");
+        let consumer = EventConsumer::durable(admin.jetstream(), &stream, "test", "")
+            .await
+            .expect("create test consumer");
+        Self {
+            prefix,
+            stream,
+            admin,
+            consumer,
+        }
+    }
+
+    /// Settings to publish into this target's stream via `url`.
+    pub fn config(&self, url: &str) -> NatsConfig {
+        Self::config_for(&self.prefix, url)
+    }
+
+    fn config_for(prefix: &str, url: &str) -> NatsConfig {
+        NatsConfig::new(url)
+            .routing(SubjectRouting::new(prefix))
+            .timeout(Duration::from_secs(5))
+    }
+
+    /// Messages in the stream now.
+    pub async fn stored(&self) -> u64 {
+        let mut stream = self
+            .admin
+            .jetstream()
+            .get_stream(&self.stream)
+            .await
+            .expect("stream");
+        stream.info().await.expect("stream info").state.messages
+    }
+
+    /// Fetch and ack up to `max` outbox messages, waiting at most `wait`.
+    pub async fn fetch(&self, max: usize, wait: Duration) -> Vec<EventMessage> {
+        let mut out = Vec::new();
+        for message in self.consumer.fetch(max, wait).await.expect("fetch") {
+            let message = message.expect("an outbox event");
+            message.ack().await.expect("ack");
+            out.push(message);
+        }
+        out
+    }
+
+    pub async fn delete(&self) {
+        let _ = self.admin.jetstream().delete_stream(&self.stream).await;
+    }
+}
+
+impl ConformanceTarget for NatsTarget {
+    type Publisher = NatsPublisher;
+
+    async fn publisher(&self) -> Result<NatsPublisher, BoxError> {
+        Ok(self.config(&nats_url()).connect().await?)
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ReceivedMessage>, BoxError> {
+        let mut out = Vec::new();
+        for message in self.consumer.fetch(max, wait).await? {
+            let message = message?;
+            message.ack().await?;
+            let m = message.metadata;
+            out.push(ReceivedMessage {
+                id: m.id,
+                event_type: m.event_type,
+                aggregate_type: m.aggregate_type,
+                aggregate_id: m.aggregate_id,
+                created_at: m.created_at,
+                payload: message.message.payload.to_vec(),
+                headers: m.headers,
+            });
+        }
+        Ok(out)
+    }
+
+    fn refused(&self, mut event: Event) -> Event {
+        // Over the server's default max_payload of 1 MiB.
+        event.payload = outbox_core::conformance::raw_json(&serde_json::json!({
+            "blob": "x".repeat(1_100_000)
+        }));
+        event
+    }
+
+    async fn unreachable_publisher(&self) -> Result<NatsPublisher, BoxError> {
+        let url = format!("nats://127.0.0.1:{}", proxy::closed_port());
+        Ok(self
+            .config(&url)
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await?)
+    }
+}

@@ -1,0 +1,354 @@
+//! End to end: events enqueued in PostgreSQL transactions reach a real JetStream consumer.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use common::proxy::Proxy;
+use common::{nats_addr, NatsTarget};
+use outbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
+use outbox_postgres::testing::TestOutbox;
+use outbox_postgres::{DeadLetterFilter, DeadLetters};
+use uuid::Uuid;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn relay_config() -> RelayConfig {
+    RelayConfig {
+        batch_size: 50,
+        poll_interval: Duration::from_millis(20),
+        publish_timeout: Duration::from_secs(15),
+        retry: RetryPolicy::default()
+            .max_attempts(1000)
+            .base_delay(Duration::from_millis(50))
+            .max_delay(Duration::from_millis(300)),
+        ..RelayConfig::default()
+    }
+}
+
+/// Run `relay` while `work` runs, then shut it down gracefully; bounded by [`DEADLINE`].
+async fn with_relay<S: Store, P: Publisher, T>(
+    relay: &Relay<S, P>,
+    work: impl Future<Output = T>,
+) -> T {
+    let stop = tokio::sync::Notify::new();
+    let run = async {
+        let (_, out) = tokio::join!(relay.run(stop.notified()), async {
+            let out = work.await;
+            stop.notify_one();
+            out
+        });
+        out
+    };
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("test did not finish in time")
+}
+
+async fn enqueue(test: &TestOutbox, events: &[NewEvent]) {
+    let mut tx = test.pool.begin().await.expect("begin");
+    for event in events {
+        test.outbox.enqueue(&mut tx, event).await.expect("enqueue");
+    }
+    tx.commit().await.expect("commit");
+}
+
+/// Fetch until every id in `ids` was received; returns how often each id came.
+async fn receive_all(target: &NatsTarget, ids: &[Uuid]) -> (Vec<Uuid>, HashMap<Uuid, usize>) {
+    let wanted: HashSet<Uuid> = ids.iter().copied().collect();
+    let mut order = Vec::new();
+    let mut counts: HashMap<Uuid, usize> = HashMap::new();
+    let deadline = Instant::now() + DEADLINE;
+    while !wanted.iter().all(|id| counts.contains_key(id)) {
+        assert!(
+            Instant::now() < deadline,
+            "not all events arrived: {counts:?}"
+        );
+        for message in target.fetch(100, Duration::from_millis(500)).await {
+            order.push(message.id());
+            *counts.entry(message.id()).or_default() += 1;
+        }
+    }
+    (order, counts)
+}
+
+async fn wait_until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn events_table(test: &TestOutbox) -> String {
+    format!(
+        "{}.{}",
+        test.tables.schema().quoted(),
+        test.tables.events().quoted()
+    )
+}
+
+#[tokio::test]
+async fn events_from_postgres_reach_the_consumer_in_order() {
+    let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let target = NatsTarget::new().await;
+    let publisher = target
+        .config(&common::nats_url())
+        .connect()
+        .await
+        .expect("connect");
+    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+
+    let mut sent = Vec::new();
+    for tx in 0..3 {
+        let events: Vec<NewEvent> = (0..10)
+            .map(|i| {
+                NewEvent::new(
+                    "order",
+                    format!("o-{}", i % 2),
+                    "order.created",
+                    &serde_json::json!({"tx": tx, "i": i}),
+                )
+                .with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            })
+            .collect();
+        enqueue(&test, &events).await;
+        sent.extend(events);
+    }
+    // A rolled-back transaction publishes nothing.
+    let mut tx = test.pool.begin().await.expect("begin");
+    let ghost = NewEvent::new("order", "o-0", "order.created", &serde_json::json!({}));
+    test.outbox.enqueue(&mut tx, &ghost).await.expect("enqueue");
+    tx.rollback().await.expect("rollback");
+
+    let ids: Vec<Uuid> = sent.iter().map(|e| e.id).collect();
+    let (order, counts) = with_relay(&relay, receive_all(&target, &ids)).await;
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "each event once: {counts:?}"
+    );
+    assert!(
+        !counts.contains_key(&ghost.id),
+        "rolled-back event published"
+    );
+    assert_eq!(counts.len(), ids.len());
+    for agg in ["o-0", "o-1"] {
+        let expected: Vec<Uuid> = sent
+            .iter()
+            .filter(|e| e.aggregate_id == agg)
+            .map(|e| e.id)
+            .collect();
+        let got: Vec<Uuid> = order
+            .iter()
+            .copied()
+            .filter(|id| expected.contains(id))
+            .collect();
+        assert_eq!(got, expected, "order of aggregate {agg}");
+    }
+    assert_eq!(relay.store().pending().await.expect("pending"), 0);
+    assert_eq!(target.stored().await, ids.len() as u64);
+    target.delete().await;
+    test.drop_schema().await.expect("drop schema");
+}
+
+#[tokio::test]
+async fn republished_event_is_a_server_duplicate_and_consumed_once() {
+    let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let target = NatsTarget::new().await;
+    let publisher = target
+        .config(&common::nats_url())
+        .connect()
+        .await
+        .expect("connect");
+    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+
+    let event = NewEvent::new(
+        "order",
+        "42",
+        "order.paid",
+        &serde_json::json!({"total": 10}),
+    );
+    enqueue(&test, std::slice::from_ref(&event)).await;
+    let first = relay.run_once().await.expect("relay");
+    assert_eq!(first.published, 1);
+    assert_eq!(relay.publisher().duplicates(), 0);
+
+    // A relay that crashed after publishing but before recording publishes it again:
+    // the same event (same id) is due once more.
+    enqueue(&test, std::slice::from_ref(&event)).await;
+    let second = relay.run_once().await.expect("relay");
+    assert_eq!(
+        second.published, 1,
+        "a duplicate PubAck counts as published"
+    );
+    assert_eq!(
+        relay.publisher().duplicates(),
+        1,
+        "the server must report the duplicate"
+    );
+    assert_eq!(
+        target.stored().await,
+        1,
+        "JetStream must store the message once"
+    );
+
+    let (_, counts) = receive_all(&target, &[event.id]).await;
+    assert_eq!(counts.get(&event.id), Some(&1));
+    let more = target.fetch(10, Duration::from_millis(300)).await;
+    assert!(
+        more.is_empty(),
+        "consumer got more: {:?}",
+        more.iter().map(|m| m.id()).collect::<Vec<_>>()
+    );
+    target.delete().await;
+    test.drop_schema().await.expect("drop schema");
+}
+
+#[tokio::test]
+async fn outage_keeps_events_in_the_outbox_until_nats_is_back() {
+    let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let target = NatsTarget::new().await;
+    let proxy = Proxy::start(nats_addr()).await.expect("proxy");
+    let url = format!("nats://{}", proxy.addr());
+    let publisher = target
+        .config(&url)
+        .timeout(Duration::from_millis(700))
+        .connect()
+        .await
+        .expect("connect through the proxy");
+    publisher.check().await.expect("connected");
+    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+
+    proxy.cut();
+    let events: Vec<NewEvent> = (0..10)
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("o-{i}"),
+                "order.created",
+                &serde_json::json!({"i": i}),
+            )
+        })
+        .collect();
+    enqueue(&test, &events).await;
+    let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+    let table = events_table(&test);
+
+    let counts = with_relay(&relay, async {
+        // Every event fails at least once, with the error recorded, and stays pending.
+        wait_until("failed attempts recorded", || async {
+            let failed: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {table} WHERE attempts > 0 AND last_error IS NOT NULL \
+                 AND processed_at IS NULL AND dead_at IS NULL"
+            ))
+            .fetch_one(&test.pool)
+            .await
+            .expect("count");
+            failed == ids.len() as i64
+        })
+        .await;
+        assert!(
+            relay.publisher().check().await.is_err(),
+            "check must fail during the outage"
+        );
+        let error: String = sqlx::query_scalar(&format!("SELECT last_error FROM {table} LIMIT 1"))
+            .fetch_one(&test.pool)
+            .await
+            .expect("last error");
+        assert!(error.contains("NATS"), "last error: {error}");
+
+        proxy.restore();
+        let counts = receive_all(&target, &ids).await.1;
+        // Sends buffered by the client during the outage may reach the stream before
+        // the relay's retry: the outbox empties when the retries are acknowledged
+        // (as duplicates).
+        wait_until("an empty outbox", || async {
+            relay.store().pending().await.expect("pending") == 0
+        })
+        .await;
+        counts
+    })
+    .await;
+
+    assert_eq!(counts.len(), ids.len());
+    let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
+    assert_eq!(
+        dead.count(&DeadLetterFilter::default())
+            .await
+            .expect("count"),
+        0
+    );
+    // Sends buffered during the outage and the relay's retries are deduplicated.
+    assert_eq!(target.stored().await, ids.len() as u64);
+    target.delete().await;
+    test.drop_schema().await.expect("drop schema");
+}
+
+#[tokio::test]
+async fn oversize_payload_is_a_dead_letter_and_others_flow() {
+    let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let target = NatsTarget::new().await;
+    let publisher = target
+        .config(&common::nats_url())
+        .connect()
+        .await
+        .expect("connect");
+    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+
+    let big = NewEvent::new(
+        "order",
+        "big",
+        "order.created",
+        &serde_json::json!({"blob": "x".repeat(1_200_000)}),
+    );
+    let mut events = vec![big.clone()];
+    events.extend((0..5).map(|i| {
+        NewEvent::new(
+            "order",
+            format!("o-{i}"),
+            "order.created",
+            &serde_json::json!({"i": i}),
+        )
+    }));
+    enqueue(&test, &events).await;
+    let good: Vec<Uuid> = events[1..].iter().map(|e| e.id).collect();
+    let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
+
+    let counts = with_relay(&relay, async {
+        let counts = receive_all(&target, &good).await.1;
+        wait_until("the dead letter", || async {
+            dead.count(&DeadLetterFilter::default())
+                .await
+                .expect("count")
+                == 1
+        })
+        .await;
+        counts
+    })
+    .await;
+
+    assert!(!counts.contains_key(&big.id));
+    let letter = dead
+        .show(big.id)
+        .await
+        .expect("show")
+        .expect("dead letter of the big event");
+    let error = letter.last_error.unwrap_or_default();
+    assert!(
+        error.contains("permanent") && error.contains("max payload"),
+        "last error: {error}"
+    );
+    assert_eq!(
+        letter.event.attempts, 1,
+        "a permanent failure is not retried"
+    );
+    assert_eq!(relay.store().pending().await.expect("pending"), 0);
+    target.delete().await;
+    test.drop_schema().await.expect("drop schema");
+}

@@ -1,1 +1,20 @@
-//! Placeholder: the kafka publisher is being written.
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod envelope;
+mod error;
+mod publisher;
+mod routing;
+
+pub use config::{
+    KafkaConfig, ENV_BROKERS, ENV_DELIVERY_TIMEOUT_MS, ENV_QUEUE_TIMEOUT_MS, ENV_RDKAFKA_PREFIX,
+    ENV_TOPIC, ENV_TOPIC_PREFIX,
+};
+pub use envelope::{
+    event_id, Received, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT,
+    HEADER_EVENT_ID, HEADER_EVENT_TYPE, RESERVED_HEADERS,
+};
+pub use error::{Error, Result};
+pub use publisher::KafkaPublisher;
+/// The rdkafka crate this one is built on, for consumers and the mock cluster.
+pub use rdkafka;

@@ -1,1 +1,20 @@
-//! Placeholder: the sqs publisher is being written.
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod envelope;
+mod error;
+mod publisher;
+mod routing;
+
+/// The AWS SQS SDK this crate is built on, for consumers.
+pub use aws_sdk_sqs;
+pub use config::{
+    SqsConfig, DEFAULT_MAX_MESSAGE_BYTES, ENV_ENDPOINT, ENV_QUEUE, ENV_QUEUE_PREFIX, ENV_REGION,
+    ENV_TIMEOUT_MS,
+};
+pub use envelope::{
+    event_id, Received, ATTR_AGGREGATE_ID, ATTR_AGGREGATE_TYPE, ATTR_CREATED_AT, ATTR_EVENT_ID,
+    ATTR_EVENT_TYPE, ATTR_HEADERS, MAX_ATTRIBUTES,
+};
+pub use error::{Error, Result};
+pub use publisher::SqsPublisher;

@@ -1,0 +1,313 @@
+//! [`KafkaConfig`]: where to connect, how to route, how long to wait.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+
+use crate::error::{Error, Result};
+use crate::publisher::KafkaPublisher;
+use crate::routing::{validate_topic, Routing};
+
+/// Environment variable with the bootstrap servers (`host:port,host:port`). Required by
+/// [`KafkaConfig::from_env`].
+pub const ENV_BROKERS: &str = "OUTBOX_KAFKA_BROKERS";
+/// Environment variable with the topic prefix of the default route.
+pub const ENV_TOPIC_PREFIX: &str = "OUTBOX_KAFKA_TOPIC_PREFIX";
+/// Environment variable with one topic for all events without a more specific route.
+pub const ENV_TOPIC: &str = "OUTBOX_KAFKA_TOPIC";
+/// Environment variable with the delivery timeout in milliseconds.
+pub const ENV_DELIVERY_TIMEOUT_MS: &str = "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS";
+/// Environment variable with the local queue timeout in milliseconds.
+pub const ENV_QUEUE_TIMEOUT_MS: &str = "OUTBOX_KAFKA_QUEUE_TIMEOUT_MS";
+/// Prefix of environment variables passed to librdkafka: `OUTBOX_KAFKA_RDKAFKA_SECURITY_PROTOCOL=SASL_SSL`
+/// sets `security.protocol` (name lower-cased, `_` turned into `.`).
+pub const ENV_RDKAFKA_PREFIX: &str = "OUTBOX_KAFKA_RDKAFKA_";
+
+/// Configuration of a [`KafkaPublisher`]; [`KafkaConfig::build`] validates it and
+/// creates the producer.
+///
+/// The producer is always idempotent with `acks=all` unless overridden with
+/// [`KafkaConfig::set`], so retries inside librdkafka neither duplicate nor reorder
+/// messages of one partition.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct KafkaConfig {
+    pub(crate) brokers: String,
+    pub(crate) routing: Routing,
+    pub(crate) delivery_timeout: Duration,
+    pub(crate) queue_timeout: Duration,
+    pub(crate) client: BTreeMap<String, String>,
+}
+
+impl KafkaConfig {
+    /// A configuration for these bootstrap servers (`host:port[,host:port...]`).
+    pub fn new(brokers: impl Into<String>) -> Self {
+        Self {
+            brokers: brokers.into(),
+            routing: Routing::default(),
+            delivery_timeout: Duration::from_secs(20),
+            queue_timeout: Duration::from_secs(5),
+            client: BTreeMap::new(),
+        }
+    }
+
+    /// Read the configuration from the environment: [`ENV_BROKERS`] (required),
+    /// [`ENV_TOPIC_PREFIX`], [`ENV_TOPIC`], [`ENV_DELIVERY_TIMEOUT_MS`],
+    /// [`ENV_QUEUE_TIMEOUT_MS`] and any number of `OUTBOX_KAFKA_RDKAFKA_*` settings.
+    pub fn from_env() -> Result<Self> {
+        Self::from_vars(std::env::vars())
+    }
+
+    /// Like [`KafkaConfig::from_env`], from the given variables.
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+        let vars: BTreeMap<String, String> = vars.into_iter().collect();
+        let brokers = vars
+            .get(ENV_BROKERS)
+            .filter(|v| !v.trim().is_empty())
+            .ok_or(Error::MissingEnv {
+                var: ENV_BROKERS,
+                what: "the Kafka bootstrap servers, e.g. 127.0.0.1:9092",
+            })?;
+        let mut config = Self::new(brokers.clone());
+        if let Some(prefix) = vars.get(ENV_TOPIC_PREFIX) {
+            config = config.topic_prefix(prefix.clone());
+        }
+        if let Some(topic) = vars.get(ENV_TOPIC).filter(|v| !v.is_empty()) {
+            config = config.topic(topic.clone());
+        }
+        if let Some(ms) = vars.get(ENV_DELIVERY_TIMEOUT_MS) {
+            config = config.delivery_timeout(parse_ms(ENV_DELIVERY_TIMEOUT_MS, ms)?);
+        }
+        if let Some(ms) = vars.get(ENV_QUEUE_TIMEOUT_MS) {
+            config = config.queue_timeout(parse_ms(ENV_QUEUE_TIMEOUT_MS, ms)?);
+        }
+        for (var, value) in &vars {
+            if let Some(name) = var.strip_prefix(ENV_RDKAFKA_PREFIX) {
+                if name.is_empty() {
+                    return Err(Error::InvalidEnv {
+                        var: var.clone(),
+                        value: value.clone(),
+                        reason: "no librdkafka property name after the prefix".into(),
+                    });
+                }
+                config = config.set(name.to_ascii_lowercase().replace('_', "."), value.clone());
+            }
+        }
+        Ok(config)
+    }
+
+    /// Default route: topic `<prefix><aggregate_type>`. Defaults to the empty prefix,
+    /// so events of aggregate type `order` go to topic `order`.
+    pub fn topic_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.routing.prefix = prefix.into();
+        self
+    }
+
+    /// Send every event without a more specific route (destination, event type,
+    /// aggregate type) to this one topic instead of `<prefix><aggregate_type>`.
+    /// Defaults to none.
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.routing.default_topic = Some(topic.into());
+        self
+    }
+
+    /// Send events of this aggregate type to `topic`. Defaults to no such route.
+    pub fn route_aggregate_type(
+        mut self,
+        aggregate_type: impl Into<String>,
+        topic: impl Into<String>,
+    ) -> Self {
+        self.routing
+            .by_aggregate_type
+            .insert(aggregate_type.into(), topic.into());
+        self
+    }
+
+    /// Send events of this event type to `topic`; wins over an aggregate type route,
+    /// loses to the event's own destination. Defaults to no such route.
+    pub fn route_event_type(
+        mut self,
+        event_type: impl Into<String>,
+        topic: impl Into<String>,
+    ) -> Self {
+        self.routing
+            .by_event_type
+            .insert(event_type.into(), topic.into());
+        self
+    }
+
+    /// Longest time librdkafka tries to deliver a message (`message.timeout.ms`),
+    /// retries included; after it the event fails as retryable. Keep it below the
+    /// relay's publish timeout. Defaults to 20 s.
+    pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
+        self.delivery_timeout = timeout;
+        self
+    }
+
+    /// Longest wait for room in librdkafka's local queue when it is full; events not
+    /// queued by then fail as retryable. Defaults to 5 s.
+    pub fn queue_timeout(mut self, timeout: Duration) -> Self {
+        self.queue_timeout = timeout;
+        self
+    }
+
+    /// Set any librdkafka property (security, compression, linger...). Applied after
+    /// the properties this crate sets, so it can override them, `enable.idempotence`
+    /// and `acks` included (which gives up the ordering and no-duplicate guarantees).
+    ///
+    /// Set by this crate: `bootstrap.servers`, `enable.idempotence=true`, `acks=all`,
+    /// `message.timeout.ms` (from [`KafkaConfig::delivery_timeout`]) and
+    /// `topic.metadata.propagation.max.ms=5000` (how long a missing topic may take to
+    /// appear before its events fail permanently as unknown topic).
+    pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.client.insert(key.into(), value.into());
+        self
+    }
+
+    /// The bootstrap servers.
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
+    /// The librdkafka configuration this config produces.
+    pub fn client_config(&self) -> Result<ClientConfig> {
+        self.validate()?;
+        let mut client = ClientConfig::new();
+        client
+            .set("bootstrap.servers", &self.brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set(
+                "message.timeout.ms",
+                self.delivery_timeout.as_millis().to_string(),
+            )
+            .set("topic.metadata.propagation.max.ms", "5000");
+        for (key, value) in &self.client {
+            client.set(key, value);
+        }
+        Ok(client)
+    }
+
+    /// Validate and create the publisher (no connection is made yet; see
+    /// [`outbox_core::Publisher::check`]).
+    pub fn build(self) -> Result<KafkaPublisher> {
+        KafkaPublisher::new(self)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.brokers.trim().is_empty() {
+            return Err(Error::InvalidConfig {
+                field: "brokers",
+                reason: "empty; give host:port[,host:port...]".into(),
+            });
+        }
+        let ms = self.delivery_timeout.as_millis();
+        if ms == 0 || ms > i32::MAX as u128 {
+            return Err(Error::InvalidConfig {
+                field: "delivery_timeout",
+                reason: format!("{ms} ms; must be between 1 ms and {} ms", i32::MAX),
+            });
+        }
+        if self.queue_timeout.is_zero() {
+            return Err(Error::InvalidConfig {
+                field: "queue_timeout",
+                reason: "must be positive".into(),
+            });
+        }
+        let routes = self
+            .routing
+            .default_topic
+            .iter()
+            .chain(self.routing.by_aggregate_type.values());
+        for topic in routes.chain(self.routing.by_event_type.values()) {
+            validate_topic(topic)?;
+        }
+        if let Some(key) = self.client.keys().find(|k| k.trim().is_empty()) {
+            return Err(Error::InvalidConfig {
+                field: "client",
+                reason: format!("empty librdkafka property name {key:?}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn parse_ms(var: &str, value: &str) -> Result<Duration> {
+    value
+        .trim()
+        .parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|e| Error::InvalidEnv {
+            var: var.to_string(),
+            value: value.to_string(),
+            reason: format!("not a number of milliseconds: {e}"),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn from_vars_reads_everything() {
+        let config = KafkaConfig::from_vars(vars(&[
+            (ENV_BROKERS, "a:9092,b:9092"),
+            (ENV_TOPIC_PREFIX, "events."),
+            (ENV_DELIVERY_TIMEOUT_MS, "1500"),
+            ("OUTBOX_KAFKA_RDKAFKA_COMPRESSION_TYPE", "lz4"),
+            ("UNRELATED", "x"),
+        ]))
+        .unwrap();
+        assert_eq!(config.brokers(), "a:9092,b:9092");
+        assert_eq!(config.routing.prefix, "events.");
+        assert_eq!(config.delivery_timeout, Duration::from_millis(1500));
+        let client = config.client_config().unwrap();
+        assert_eq!(client.get("compression.type"), Some("lz4"));
+        assert_eq!(client.get("enable.idempotence"), Some("true"));
+        assert_eq!(client.get("acks"), Some("all"));
+        assert_eq!(client.get("message.timeout.ms"), Some("1500"));
+    }
+
+    #[test]
+    fn missing_brokers_is_named() {
+        let err = KafkaConfig::from_vars(vars(&[])).unwrap_err();
+        assert!(err.to_string().contains(ENV_BROKERS), "{err}");
+    }
+
+    #[test]
+    fn bad_number_is_named() {
+        let err = KafkaConfig::from_vars(vars(&[
+            (ENV_BROKERS, "a:1"),
+            (ENV_QUEUE_TIMEOUT_MS, "soon"),
+        ]))
+        .unwrap_err();
+        assert!(err.to_string().contains(ENV_QUEUE_TIMEOUT_MS), "{err}");
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        assert!(KafkaConfig::new(" ").build().is_err());
+        assert!(KafkaConfig::new("a:1")
+            .delivery_timeout(Duration::ZERO)
+            .build()
+            .is_err());
+        let err = KafkaConfig::new("a:1")
+            .route_event_type("x", "no spaces")
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidTopic { .. }), "{err}");
+        let err = KafkaConfig::new("a:1")
+            .set("no.such.property", "1")
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("no.such.property"), "{err}");
+    }
+}

@@ -1,0 +1,76 @@
+//! The crate's error type.
+
+use rdkafka::error::KafkaError;
+
+/// A `Result` with this crate's [`Error`] as default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong while configuring the Kafka publisher or reading a message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A required environment variable is not set.
+    #[error("environment variable {var} is not set; it must name {what}")]
+    MissingEnv {
+        /// The variable.
+        var: &'static str,
+        /// What it should contain.
+        what: &'static str,
+    },
+    /// An environment variable has a value that cannot be used.
+    #[error("environment variable {var}={value:?} is invalid: {reason}")]
+    InvalidEnv {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A configuration value is invalid.
+    #[error("kafka config: {field}: {reason}")]
+    InvalidConfig {
+        /// The setting.
+        field: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A topic name is not a valid Kafka topic name.
+    #[error("invalid kafka topic {topic:?}: {reason}")]
+    InvalidTopic {
+        /// The topic name.
+        topic: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// librdkafka refused the client configuration or could not create the client.
+    #[error("kafka client: {0}")]
+    Client(#[from] KafkaError),
+    /// A received message lacks an outbox header.
+    #[error("kafka message has no {name} header: not published by the outbox")]
+    MissingHeader {
+        /// The header name.
+        name: &'static str,
+    },
+    /// A received message has an outbox header that cannot be read.
+    #[error("kafka message header {name} is invalid: {reason}")]
+    InvalidHeader {
+        /// The header name.
+        name: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// True if doing the same thing again later may succeed (a client error of
+    /// librdkafka that it marks retriable); configuration and message errors are not.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Client(e) => e
+                .rdkafka_error_code()
+                .is_some_and(|c| !matches!(c, rdkafka::types::RDKafkaErrorCode::Fatal)),
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! [`KafkaPublisher`]: events to Kafka through an idempotent librdkafka producer.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use outbox_core::{Event, Outcome, PublishError, Publisher};
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::config::KafkaConfig;
+use crate::envelope;
+use crate::error::Result;
+use crate::routing::Routing;
+
+/// Pause between attempts to queue a message while librdkafka's queue is full.
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
+
+/// Longest wait of [`Publisher::check`] for the cluster's metadata.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Publishes events to Kafka: topic by routing rule, key = aggregate id, payload =
+/// the JSON payload, outbox metadata in headers (see [`crate::HEADER_EVENT_ID`] and
+/// the other header constants).
+///
+/// All messages of a batch are queued in order and in flight at once; each event's
+/// outcome is its delivery report. Events of one aggregate share a key, hence a
+/// partition, and the idempotent producer keeps their order.
+///
+/// Failure mapping: message too large, unknown topic or partition, invalid topic,
+/// record refused by the broker: permanent. Everything else (broker down,
+/// delivery timeout, full queue): retryable.
+pub struct KafkaPublisher {
+    producer: Mutex<FutureProducer>,
+    client: ClientConfig,
+    routing: Routing,
+    queue_timeout: Duration,
+}
+
+impl std::fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaPublisher")
+            .field("routing", &self.routing)
+            .field("queue_timeout", &self.queue_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaPublisher {
+    pub(crate) fn new(config: KafkaConfig) -> Result<Self> {
+        let client = config.client_config()?;
+        let producer: FutureProducer = client.create()?;
+        Ok(Self {
+            producer: Mutex::new(producer),
+            client,
+            routing: config.routing,
+            queue_timeout: config.queue_timeout,
+        })
+    }
+
+    /// The producer in use (a cheap handle), e.g. to flush it at shutdown.
+    pub fn producer(&self) -> FutureProducer {
+        match self.producer.lock() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The topic `event` is routed to, or why it cannot be routed.
+    pub fn topic_for(&self, event: &Event) -> Result<String, PublishError> {
+        self.routing.topic(event).map(|t| t.into_owned())
+    }
+
+    /// Wait up to `timeout` for every queued message to be delivered.
+    pub async fn flush(&self, timeout: Duration) -> Result<()> {
+        let producer = self.producer();
+        tokio::task::spawn_blocking(move || producer.flush(timeout))
+            .await
+            .map_err(|e| crate::Error::InvalidConfig {
+                field: "flush",
+                reason: e.to_string(),
+            })??;
+        Ok(())
+    }
+
+    /// An idempotent producer that hit a fatal error (e.g. a broken sequence) refuses
+    /// everything until recreated; do so, so the events retried later can succeed.
+    fn recreate_if_fatal(&self, producer: &FutureProducer) {
+        let Some((code, reason)) = producer.client().fatal_error() else {
+            return;
+        };
+        tracing::error!(?code, %reason, "kafka producer hit a fatal error; recreating it");
+        match self.client.create::<FutureProducer>() {
+            Ok(fresh) => match self.producer.lock() {
+                Ok(mut p) => *p = fresh,
+                Err(poisoned) => *poisoned.into_inner() = fresh,
+            },
+            Err(error) => tracing::error!(%error, "cannot recreate the kafka producer"),
+        }
+    }
+
+    /// Queue one message, waiting while the local queue is full, at most until `deadline`.
+    async fn enqueue(
+        &self,
+        producer: &FutureProducer,
+        event: &Event,
+        deadline: Instant,
+    ) -> Result<DeliveryFuture, Outcome> {
+        let topic = self.routing.topic(event).map_err(Outcome::Failed)?;
+        let mut record = FutureRecord::to(&topic)
+            .key(event.aggregate_id.as_bytes())
+            .payload(event.payload_str().as_bytes())
+            .headers(envelope::headers(event));
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => return Ok(delivery),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if Instant::now() < deadline =>
+                {
+                    record = back;
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+                }
+                Err((error, _)) => return Err(outcome(&error, &topic)),
+            }
+        }
+    }
+}
+
+impl Publisher for KafkaPublisher {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        let producer = self.producer();
+        let deadline = Instant::now() + self.queue_timeout;
+        // Queue sequentially (order within a partition is queue order), await all at once.
+        let mut queued = Vec::with_capacity(events.len());
+        for event in events {
+            let delivery = self.enqueue(&producer, event, deadline).await;
+            queued.push((delivery, event));
+        }
+        let outcomes = futures_util::future::join_all(queued.into_iter().map(|(queued, event)| async move {
+            match queued {
+                Err(outcome) => outcome,
+                Ok(delivery) => match delivery.await {
+                    Ok(Ok(_)) => Outcome::Published,
+                    Ok(Err((error, message))) => {
+                        outcome(&error, rdkafka::message::Message::topic(&message))
+                    }
+                    Err(_canceled) => {
+                        tracing::warn!(event_id = %event.id, "kafka producer dropped the message");
+                        Outcome::retryable("kafka: producer closed before the delivery report")
+                    }
+                },
+            }
+        }))
+        .await;
+        if outcomes.iter().any(|o| matches!(o, Outcome::Failed(_))) {
+            self.recreate_if_fatal(&producer);
+        }
+        outcomes
+    }
+
+    async fn check(&self) -> Result<(), PublishError> {
+        let producer = self.producer();
+        let metadata = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, CHECK_TIMEOUT)
+                .map(|m| m.brokers().len())
+        })
+        .await;
+        match metadata {
+            Ok(Ok(brokers)) if brokers > 0 => Ok(()),
+            Ok(Ok(_)) => Err(PublishError::retryable(
+                "kafka: the cluster reports no brokers",
+            )),
+            Ok(Err(error)) => Err(PublishError::retryable(format!("kafka: {error}"))),
+            Err(error) => Err(PublishError::retryable(format!(
+                "kafka: metadata check failed: {error}"
+            ))),
+        }
+    }
+}
+
+/// Map a librdkafka error to the event's outcome.
+fn outcome(error: &KafkaError, topic: &str) -> Outcome {
+    use RDKafkaErrorCode as C;
+    let permanent = matches!(
+        error.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::UnknownTopicOrPartition
+                | C::UnknownTopic
+                | C::UnknownPartition
+                | C::InvalidTopic
+                | C::InvalidRecord
+                | C::PolicyViolation
+        )
+    );
+    let message = format!("kafka topic {topic}: {error}");
+    if permanent {
+        Outcome::permanent(message)
+    } else {
+        Outcome::retryable(message)
+    }
+}

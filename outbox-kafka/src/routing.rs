@@ -1,0 +1,116 @@
+//! Which topic an event goes to.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use outbox_core::{Event, PublishError};
+
+use crate::error::{Error, Result};
+
+/// Longest Kafka topic name.
+const MAX_TOPIC_LEN: usize = 249;
+
+/// The routing rule, most specific first: the event's destination, a route for its
+/// event type, a route for its aggregate type, the fixed default topic, and
+/// `<prefix><aggregate_type>`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Routing {
+    pub(crate) prefix: String,
+    pub(crate) default_topic: Option<String>,
+    pub(crate) by_aggregate_type: BTreeMap<String, String>,
+    pub(crate) by_event_type: BTreeMap<String, String>,
+}
+
+impl Routing {
+    /// The topic of `event`; an invalid name is a permanent failure of that event.
+    pub(crate) fn topic<'a>(&'a self, event: &'a Event) -> Result<Cow<'a, str>, PublishError> {
+        let topic: Cow<'a, str> = if let Some(destination) = &event.destination {
+            Cow::Borrowed(destination)
+        } else if let Some(topic) = self.by_event_type.get(&event.event_type) {
+            Cow::Borrowed(topic)
+        } else if let Some(topic) = self.by_aggregate_type.get(&event.aggregate_type) {
+            Cow::Borrowed(topic)
+        } else if let Some(topic) = &self.default_topic {
+            Cow::Borrowed(topic)
+        } else {
+            Cow::Owned(format!("{}{}", self.prefix, event.aggregate_type))
+        };
+        validate_topic(&topic).map_err(|e| PublishError::permanent(e.to_string()))?;
+        Ok(topic)
+    }
+}
+
+/// Kafka's rule: 1 to 249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub(crate) fn validate_topic(topic: &str) -> Result<()> {
+    let reason = if topic.is_empty() {
+        "empty"
+    } else if topic.len() > MAX_TOPIC_LEN {
+        "longer than 249 characters"
+    } else if topic == "." || topic == ".." {
+        "`.` and `..` are not allowed"
+    } else if !topic
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        "only ASCII letters, digits, `.`, `_` and `-` are allowed"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidTopic {
+        topic: topic.to_string(),
+        reason,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(aggregate_type: &str, event_type: &str, destination: Option<&str>) -> Event {
+        Event {
+            id: uuid::Uuid::now_v7(),
+            seq: 1,
+            aggregate_type: aggregate_type.into(),
+            aggregate_id: "1".into(),
+            event_type: event_type.into(),
+            payload: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
+            headers: Default::default(),
+            destination: destination.map(Into::into),
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn most_specific_route_wins() {
+        let mut routing = Routing {
+            prefix: "ev.".into(),
+            ..Routing::default()
+        };
+        routing
+            .by_aggregate_type
+            .insert("order".into(), "orders".into());
+        routing
+            .by_event_type
+            .insert("order.paid".into(), "payments".into());
+        let topic = |e: &Event| routing.topic(e).map(|t| t.into_owned());
+        assert_eq!(
+            topic(&event("user", "user.created", None)).unwrap(),
+            "ev.user"
+        );
+        assert_eq!(
+            topic(&event("order", "order.created", None)).unwrap(),
+            "orders"
+        );
+        assert_eq!(
+            topic(&event("order", "order.paid", None)).unwrap(),
+            "payments"
+        );
+        assert_eq!(
+            topic(&event("order", "order.paid", Some("audit"))).unwrap(),
+            "audit"
+        );
+        let err = topic(&event("order", "x", Some("bad topic"))).unwrap_err();
+        assert!(!err.is_retryable());
+    }
+}

@@ -1,0 +1,123 @@
+//! The shared publisher conformance suite against librdkafka's mock cluster.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{closed_port, consumer, read, unique, MockKafka};
+use outbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
+use outbox_core::Event;
+use outbox_kafka::rdkafka::consumer::StreamConsumer;
+use outbox_kafka::rdkafka::message::Message;
+use outbox_kafka::{KafkaConfig, KafkaPublisher, Received};
+
+const PARTITIONS: i32 = 3;
+
+struct Kafka {
+    // Dropped last: the consumer and publishers talk to it.
+    consumer: StreamConsumer,
+    topic: String,
+    mock: MockKafka,
+}
+
+impl Kafka {
+    fn new() -> Self {
+        let mock = MockKafka::start(1);
+        let topic = unique("conformance");
+        mock.create_topic(&topic, PARTITIONS);
+        Self {
+            consumer: consumer(mock.bootstrap(), &topic, PARTITIONS),
+            topic,
+            mock,
+        }
+    }
+}
+
+impl ConformanceTarget for Kafka {
+    type Publisher = KafkaPublisher;
+
+    async fn publisher(&self) -> Result<KafkaPublisher, BoxError> {
+        Ok(KafkaConfig::new(self.mock.bootstrap())
+            .topic(&self.topic)
+            .delivery_timeout(Duration::from_secs(10))
+            .build()?)
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ReceivedMessage>, BoxError> {
+        let mut out = Vec::new();
+        // The first message may take `wait`; the rest of a burst comes at once.
+        let first = read(&self.consumer, 1, wait).await;
+        let rest = if first.is_empty() {
+            Vec::new()
+        } else {
+            read(
+                &self.consumer,
+                max.saturating_sub(1),
+                Duration::from_millis(200),
+            )
+            .await
+        };
+        for message in first.into_iter().chain(rest) {
+            let r = Received::from_message(&message)?;
+            out.push(ReceivedMessage {
+                id: r.event_id,
+                event_type: r.event_type,
+                aggregate_type: r.aggregate_type,
+                aggregate_id: r.aggregate_id,
+                created_at: Some(r.created_at),
+                payload: message.payload().unwrap_or_default().to_vec(),
+                headers: r.headers,
+            });
+        }
+        Ok(out)
+    }
+
+    fn refused(&self, mut event: Event) -> Event {
+        // Over librdkafka's default message.max.bytes (1,000,000).
+        let big = "x".repeat(1_100_000);
+        event.payload = conformance::raw_json(&serde_json::json!({ "big": big }));
+        event
+    }
+
+    async fn unreachable_publisher(&self) -> Result<KafkaPublisher, BoxError> {
+        Ok(KafkaConfig::new(format!("127.0.0.1:{}", closed_port()))
+            .topic(&self.topic)
+            .delivery_timeout(Duration::from_secs(3))
+            .build()?)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn empty_batch() {
+    conformance::empty_batch(&Kafka::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_and_read_back() {
+    conformance::publish_and_read_back(&Kafka::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn message_envelope() {
+    conformance::message_envelope(&Kafka::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn per_aggregate_order() {
+    conformance::per_aggregate_order(&Kafka::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn republish_is_published() {
+    conformance::republish_is_published(&Kafka::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_message_fails_alone() {
+    conformance::refused_message_fails_alone(&Kafka::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unreachable_broker_is_retryable() {
+    conformance::unreachable_broker_is_retryable(&Kafka::new()).await;
+}

@@ -1,0 +1,308 @@
+//! Kafka-specific behaviour against librdkafka's mock cluster, and end to end
+//! through PostgreSQL.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::{consumer, key, read, unique, MockKafka};
+use outbox_core::conformance::event;
+use outbox_core::{
+    Event, FailureKind, NewEvent, Outcome, Publisher, Relay, RelayConfig, RetryPolicy, Store,
+};
+use outbox_kafka::rdkafka::message::Message;
+use outbox_kafka::{KafkaConfig, Received};
+use outbox_postgres::testing::TestOutbox;
+use outbox_postgres::{DeadLetterFilter, DeadLetters};
+use uuid::Uuid;
+
+fn ids_of(messages: &[outbox_kafka::rdkafka::message::OwnedMessage]) -> Vec<Uuid> {
+    messages
+        .iter()
+        .map(|m| outbox_kafka::event_id(m).expect("event id header"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn events_of_one_aggregate_share_a_partition_in_order() {
+    let mock = MockKafka::start(3);
+    let topic = unique("order");
+    mock.create_topic(&topic, 6);
+    let publisher = KafkaConfig::new(mock.bootstrap())
+        .topic(&topic)
+        .build()
+        .unwrap();
+    let events: Vec<Event> = (0..60)
+        .map(|i| event("order", &format!("agg-{}", i % 5), "order.changed", i))
+        .collect();
+    let outcomes = publisher.publish(&events).await;
+    assert_eq!(outcomes, vec![Outcome::Published; events.len()]);
+
+    let messages = read(
+        &consumer(mock.bootstrap(), &topic, 6),
+        events.len(),
+        Duration::from_secs(30),
+    )
+    .await;
+    let got: HashSet<Uuid> = ids_of(&messages).into_iter().collect();
+    let sent: HashSet<Uuid> = events.iter().map(|e| e.id).collect();
+    assert_eq!(got, sent, "every event id is read back");
+
+    let mut partitions: BTreeMap<String, HashSet<i32>> = BTreeMap::new();
+    for m in &messages {
+        partitions.entry(key(m)).or_default().insert(m.partition());
+    }
+    for (aggregate, parts) in &partitions {
+        assert_eq!(
+            parts.len(),
+            1,
+            "aggregate {aggregate} spread over partitions {parts:?}"
+        );
+    }
+    for aggregate in partitions.keys() {
+        let mut mine: Vec<_> = messages.iter().filter(|m| &key(m) == aggregate).collect();
+        mine.sort_by_key(|m| m.offset());
+        let got: Vec<Uuid> = mine
+            .iter()
+            .map(|m| outbox_kafka::event_id(*m).unwrap())
+            .collect();
+        let sent: Vec<Uuid> = events
+            .iter()
+            .filter(|e| &e.aggregate_id == aggregate)
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(got, sent, "offset order of aggregate {aggregate}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn headers_carry_the_envelope() {
+    let mock = MockKafka::start(1);
+    let topic = unique("envelope");
+    mock.create_topic(&topic, 1);
+    let publisher = KafkaConfig::new(mock.bootstrap())
+        .route_aggregate_type("invoice", &topic)
+        .build()
+        .unwrap();
+    let mut e = event("invoice", "inv-7", "invoice.paid", 1);
+    e.headers.insert(
+        "traceparent".into(),
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+    );
+    e.headers.insert("tenant".into(), "acme".into());
+    e.headers
+        .insert(outbox_kafka::HEADER_EVENT_ID.into(), "spoofed".into());
+    assert_eq!(
+        publisher.publish(std::slice::from_ref(&e)).await,
+        vec![Outcome::Published]
+    );
+
+    let messages = read(
+        &consumer(mock.bootstrap(), &topic, 1),
+        1,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(messages.len(), 1);
+    let m = &messages[0];
+    assert_eq!(m.key(), Some(&b"inv-7"[..]));
+    assert_eq!(m.payload(), Some(e.payload_str().as_bytes()));
+    let r = Received::from_message(m).unwrap();
+    assert_eq!(
+        r.event_id, e.id,
+        "reserved header names cannot be overridden"
+    );
+    assert_eq!(r.event_type, "invoice.paid");
+    assert_eq!(r.aggregate_type, "invoice");
+    assert_eq!(r.aggregate_id, "inv-7");
+    assert!((r.created_at - e.created_at).num_milliseconds().abs() < 1);
+    assert_eq!(r.traceparent(), e.traceparent());
+    assert_eq!(r.headers.get("tenant").map(String::as_str), Some("acme"));
+    assert!(!r.headers.contains_key(outbox_kafka::HEADER_EVENT_ID));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_and_invalid_topics_fail_permanently() {
+    let mock = MockKafka::start(1);
+    let known = unique("known");
+    mock.create_topic(&known, 1);
+    let publisher = KafkaConfig::new(mock.bootstrap())
+        .topic(&known)
+        // A cluster that does not create topics on first use; give up on a missing one fast.
+        .set("allow.auto.create.topics", "false")
+        .set("topic.metadata.propagation.max.ms", "1000")
+        .build()
+        .unwrap();
+    let mut unknown = event("order", "1", "order.created", 1);
+    unknown.destination = Some(unique("missing"));
+    let mut invalid = event("order", "2", "order.created", 2);
+    invalid.destination = Some("not a topic!".into());
+    let good = event("order", "3", "order.created", 3);
+    let started = Instant::now();
+    let outcomes = publisher.publish(&[unknown, invalid, good]).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(&outcomes[0], Outcome::Failed(e) if e.kind == FailureKind::Permanent),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(&outcomes[1], Outcome::Failed(e) if e.kind == FailureKind::Permanent),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[2], Outcome::Published);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_sees_the_cluster() {
+    let mock = MockKafka::start(1);
+    let publisher = KafkaConfig::new(mock.bootstrap()).build().unwrap();
+    publisher.check().await.unwrap();
+}
+
+fn relay_config() -> RelayConfig {
+    RelayConfig {
+        batch_size: 50,
+        poll_interval: Duration::from_millis(50),
+        publish_timeout: Duration::from_secs(30),
+        retry: RetryPolicy::default()
+            .max_attempts(100)
+            .base_delay(Duration::from_millis(100))
+            .max_delay(Duration::from_millis(500)),
+        ..RelayConfig::default()
+    }
+}
+
+/// Run the relay until the outbox is empty, at most `limit`.
+async fn drain<S: Store, P: Publisher>(relay: &Relay<S, P>, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let report = relay.run_once().await.expect("store");
+        if report.claimed == 0 {
+            if relay.store().pending().await.expect("pending") == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "outbox not drained within {limit:?}"
+        );
+    }
+}
+
+async fn enqueue_orders(db: &TestOutbox, aggregates: usize, per_aggregate: usize) -> Vec<Uuid> {
+    let mut ids = Vec::new();
+    for round in 0..per_aggregate {
+        let mut tx = db.pool.begin().await.expect("begin");
+        for a in 0..aggregates {
+            let e = NewEvent::new(
+                "order",
+                format!("order-{a}"),
+                "order.updated",
+                &serde_json::json!({"round": round}),
+            )
+            .with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+            ids.push(db.outbox.enqueue(&mut tx, &e).await.expect("enqueue"));
+        }
+        tx.commit().await.expect("commit");
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn end_to_end_through_postgres() {
+    let db = TestOutbox::new()
+        .await
+        .expect("PostgreSQL (DATABASE_URL) for the end-to-end test");
+    let mock = MockKafka::start(1);
+    let topic = unique("orders");
+    mock.create_topic(&topic, 4);
+    let ids = enqueue_orders(&db, 4, 5).await;
+    let publisher = KafkaConfig::new(mock.bootstrap())
+        .topic(&topic)
+        .build()
+        .unwrap();
+    let relay = Relay::new(db.store(), publisher).with_config(relay_config());
+    drain(&relay, Duration::from_secs(60)).await;
+
+    let messages = read(
+        &consumer(mock.bootstrap(), &topic, 4),
+        ids.len(),
+        Duration::from_secs(30),
+    )
+    .await;
+    let got = ids_of(&messages);
+    assert_eq!(
+        got.iter().collect::<HashSet<_>>(),
+        ids.iter().collect::<HashSet<_>>()
+    );
+    // Per aggregate, offsets follow insertion order.
+    for a in 0..4 {
+        let aggregate = format!("order-{a}");
+        let mut mine: Vec<_> = messages.iter().filter(|m| key(m) == aggregate).collect();
+        mine.sort_by_key(|m| m.offset());
+        let rounds: Vec<i64> = mine
+            .iter()
+            .map(|m| {
+                let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+                v["round"].as_i64().unwrap()
+            })
+            .collect();
+        assert_eq!(rounds, (0..5).collect::<Vec<_>>(), "order of {aggregate}");
+    }
+    db.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn broker_outage_keeps_events_until_recovery() {
+    let db = TestOutbox::new()
+        .await
+        .expect("PostgreSQL (DATABASE_URL) for the end-to-end test");
+    let mock = MockKafka::start(1);
+    let topic = unique("outage");
+    mock.create_topic(&topic, 2);
+    let publisher = KafkaConfig::new(mock.bootstrap())
+        .topic(&topic)
+        .delivery_timeout(Duration::from_secs(2))
+        .set("reconnect.backoff.max.ms", "500")
+        .build()
+        .unwrap();
+    let relay = Relay::new(db.store(), publisher).with_config(relay_config());
+    mock.broker_down(1);
+    let ids = enqueue_orders(&db, 3, 4).await;
+
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(
+        report.claimed, 3,
+        "one event per aggregate is claimable with ordering on"
+    );
+    assert_eq!(report.retried, 3, "{report:?}");
+    assert_eq!(
+        relay.store().pending().await.unwrap(),
+        ids.len() as u64,
+        "events stay in the outbox"
+    );
+    let dead = DeadLetters::new(db.pool.clone(), &db.outbox);
+    assert_eq!(dead.count(&DeadLetterFilter::default()).await.unwrap(), 0);
+
+    mock.broker_up(1);
+    drain(&relay, Duration::from_secs(60)).await;
+    let messages = read(
+        &consumer(mock.bootstrap(), &topic, 2),
+        ids.len(),
+        Duration::from_secs(30),
+    )
+    .await;
+    let got: HashSet<Uuid> = ids_of(&messages).into_iter().collect();
+    assert_eq!(
+        got,
+        ids.iter().copied().collect::<HashSet<_>>(),
+        "all delivered after recovery"
+    );
+    db.drop_schema().await.unwrap();
+}

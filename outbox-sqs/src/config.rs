@@ -1,0 +1,327 @@
+//! [`SqsConfig`]: where to send, how long to wait.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::BehaviorVersion;
+use aws_sdk_sqs::config::{Credentials, Region};
+
+use crate::error::{Error, Result};
+use crate::publisher::SqsPublisher;
+use crate::routing::{parse_target, Routing};
+
+/// Environment variable with the default queue (URL or name).
+pub const ENV_QUEUE: &str = "OUTBOX_SQS_QUEUE";
+/// Environment variable with the queue name prefix of the default route.
+pub const ENV_QUEUE_PREFIX: &str = "OUTBOX_SQS_QUEUE_PREFIX";
+/// Environment variable with an endpoint override, e.g. `http://127.0.0.1:5000` for moto.
+pub const ENV_ENDPOINT: &str = "OUTBOX_SQS_ENDPOINT";
+/// Environment variable with the region (else the AWS chain: `AWS_REGION`, profile...).
+pub const ENV_REGION: &str = "OUTBOX_SQS_REGION";
+/// Environment variable with the timeout of one SQS call in milliseconds.
+pub const ENV_TIMEOUT_MS: &str = "OUTBOX_SQS_TIMEOUT_MS";
+
+/// SQS's largest message (body plus attributes), in bytes: 256 KiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// Configuration of an [`SqsPublisher`]; [`SqsConfig::build`] validates it, loads the
+/// AWS configuration (credentials and region from the usual chain) and creates the client.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct SqsConfig {
+    pub(crate) routing: Routing,
+    pub(crate) endpoint: Option<String>,
+    pub(crate) region: Option<String>,
+    pub(crate) credentials: Option<(String, String)>,
+    pub(crate) timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) max_attempts: u32,
+    pub(crate) max_message_bytes: usize,
+    pub(crate) concurrency: usize,
+}
+
+impl Default for SqsConfig {
+    fn default() -> Self {
+        Self {
+            routing: Routing::default(),
+            endpoint: None,
+            region: None,
+            credentials: None,
+            timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(3),
+            max_attempts: 3,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            concurrency: 8,
+        }
+    }
+}
+
+impl SqsConfig {
+    /// A configuration sending every event to `queue` (a queue URL, or a name resolved
+    /// once with `GetQueueUrl`).
+    pub fn new(queue: impl Into<String>) -> Self {
+        Self::default().queue(queue)
+    }
+
+    /// Read [`ENV_QUEUE`], [`ENV_QUEUE_PREFIX`], [`ENV_ENDPOINT`], [`ENV_REGION`] and
+    /// [`ENV_TIMEOUT_MS`]; all optional. Credentials come from the AWS chain.
+    pub fn from_env() -> Result<Self> {
+        Self::from_vars(std::env::vars())
+    }
+
+    /// Like [`SqsConfig::from_env`], from the given variables.
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+        let vars: BTreeMap<String, String> =
+            vars.into_iter().filter(|(_, v)| !v.is_empty()).collect();
+        let mut config = Self::default();
+        if let Some(queue) = vars.get(ENV_QUEUE) {
+            config = config.queue(queue.clone());
+        }
+        if let Some(prefix) = vars.get(ENV_QUEUE_PREFIX) {
+            config = config.queue_prefix(prefix.clone());
+        }
+        if let Some(endpoint) = vars.get(ENV_ENDPOINT) {
+            config = config.endpoint(endpoint.clone());
+        }
+        if let Some(region) = vars.get(ENV_REGION) {
+            config = config.region(region.clone());
+        }
+        if let Some(ms) = vars.get(ENV_TIMEOUT_MS) {
+            let ms = ms.trim().parse::<u64>().map_err(|e| Error::InvalidEnv {
+                var: ENV_TIMEOUT_MS.into(),
+                value: ms.clone(),
+                reason: format!("not a number of milliseconds: {e}"),
+            })?;
+            config = config.timeout(Duration::from_millis(ms));
+        }
+        Ok(config)
+    }
+
+    /// Send every event without a more specific route to this queue (URL or name).
+    /// Defaults to none: the queue is named `<prefix><aggregate_type>`.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.routing.default_queue = Some(queue.into());
+        self
+    }
+
+    /// Default route without a default queue: the queue named `<prefix><aggregate_type>`.
+    /// Defaults to the empty prefix.
+    pub fn queue_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.routing.prefix = prefix.into();
+        self
+    }
+
+    /// Send events of this aggregate type to `queue` (URL or name). Defaults to no such route.
+    pub fn route_aggregate_type(
+        mut self,
+        aggregate_type: impl Into<String>,
+        queue: impl Into<String>,
+    ) -> Self {
+        self.routing
+            .by_aggregate_type
+            .insert(aggregate_type.into(), queue.into());
+        self
+    }
+
+    /// Send events of this event type to `queue` (URL or name); wins over an aggregate
+    /// type route, loses to the event's own destination. Defaults to no such route.
+    pub fn route_event_type(
+        mut self,
+        event_type: impl Into<String>,
+        queue: impl Into<String>,
+    ) -> Self {
+        self.routing
+            .by_event_type
+            .insert(event_type.into(), queue.into());
+        self
+    }
+
+    /// Talk to this endpoint instead of AWS's (moto, LocalStack). Defaults to none.
+    pub fn endpoint(mut self, url: impl Into<String>) -> Self {
+        self.endpoint = Some(url.into());
+        self
+    }
+
+    /// Use this region. Defaults to the AWS chain (`AWS_REGION`, profile, IMDS).
+    pub fn region(mut self, region: impl Into<String>) -> Self {
+        self.region = Some(region.into());
+        self
+    }
+
+    /// Use these static credentials (tests, local endpoints). Defaults to the AWS
+    /// credentials chain (environment, profile, web identity, container, IMDS).
+    pub fn credentials(
+        mut self,
+        access_key_id: impl Into<String>,
+        secret_access_key: impl Into<String>,
+    ) -> Self {
+        self.credentials = Some((access_key_id.into(), secret_access_key.into()));
+        self
+    }
+
+    /// Longest time one SQS call may take, the SDK's retries included; after it the
+    /// events of the call fail as retryable. Defaults to 10 s.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Longest time to open a connection. Defaults to 3 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Attempts the SDK makes per call (throttling, 5xx, network errors) before the
+    /// events fail as retryable. Defaults to 3.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// Largest message (body plus attributes) and largest `SendMessageBatch` request;
+    /// a bigger event fails permanently without being sent. Defaults to 256 KiB,
+    /// SQS's limit; raise it only where the queue allows more.
+    pub fn max_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_message_bytes = bytes;
+        self
+    }
+
+    /// Most `SendMessageBatch` calls in flight for one publish (FIFO queues get one
+    /// call at a time, to keep group order). Defaults to 8.
+    pub fn concurrency(mut self, calls: usize) -> Self {
+        self.concurrency = calls;
+        self
+    }
+
+    /// Validate, load the AWS configuration and create the publisher. No SQS call is
+    /// made (see [`outbox_core::Publisher::check`]).
+    pub async fn build(self) -> Result<SqsPublisher> {
+        self.validate()?;
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .operation_timeout(self.timeout)
+                    .connect_timeout(self.connect_timeout)
+                    .build(),
+            )
+            .retry_config(RetryConfig::standard().with_max_attempts(self.max_attempts));
+        if let Some(region) = &self.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        if let Some(endpoint) = &self.endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        if let Some((key, secret)) = &self.credentials {
+            loader = loader.credentials_provider(Credentials::new(
+                key,
+                secret,
+                None,
+                None,
+                "outbox-sqs-static",
+            ));
+        }
+        let sdk = loader.load().await;
+        if sdk.region().is_none() {
+            return Err(Error::MissingRegion);
+        }
+        Ok(SqsPublisher::from_client(
+            aws_sdk_sqs::Client::new(&sdk),
+            self,
+        ))
+    }
+
+    fn validate(&self) -> Result<()> {
+        let routes = self
+            .routing
+            .default_queue
+            .iter()
+            .chain(self.routing.by_aggregate_type.values());
+        for queue in routes.chain(self.routing.by_event_type.values()) {
+            parse_target(queue)?;
+        }
+        if let Some(endpoint) = &self.endpoint {
+            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                return Err(Error::InvalidConfig {
+                    field: "endpoint",
+                    reason: format!("{endpoint:?} is not an http(s) URL"),
+                });
+            }
+        }
+        if self.timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(Error::InvalidConfig {
+                field: "timeout",
+                reason: "timeouts must be positive".into(),
+            });
+        }
+        if self.max_attempts == 0 {
+            return Err(Error::InvalidConfig {
+                field: "max_attempts",
+                reason: "at least 1".into(),
+            });
+        }
+        if self.max_message_bytes < 1024 {
+            return Err(Error::InvalidConfig {
+                field: "max_message_bytes",
+                reason: format!(
+                    "{} is too small; SQS allows 256 KiB",
+                    self.max_message_bytes
+                ),
+            });
+        }
+        if self.concurrency == 0 {
+            return Err(Error::InvalidConfig {
+                field: "concurrency",
+                reason: "at least 1".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn from_vars_reads_everything() {
+        let c = SqsConfig::from_vars(vars(&[
+            (ENV_QUEUE, "orders.fifo"),
+            (ENV_ENDPOINT, "http://127.0.0.1:5000"),
+            (ENV_REGION, "eu-west-1"),
+            (ENV_TIMEOUT_MS, "2500"),
+        ]))
+        .unwrap();
+        assert_eq!(c.routing.default_queue.as_deref(), Some("orders.fifo"));
+        assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
+        assert_eq!(c.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        let err = SqsConfig::from_vars(vars(&[(ENV_TIMEOUT_MS, "soon")])).unwrap_err();
+        assert!(err.to_string().contains(ENV_TIMEOUT_MS), "{err}");
+    }
+
+    #[tokio::test]
+    async fn invalid_settings_are_refused() {
+        assert!(SqsConfig::new("bad queue").build().await.is_err());
+        assert!(SqsConfig::new("q")
+            .endpoint("127.0.0.1:5000")
+            .build()
+            .await
+            .is_err());
+        assert!(SqsConfig::new("q").max_attempts(0).build().await.is_err());
+        assert!(SqsConfig::new("q")
+            .timeout(Duration::ZERO)
+            .build()
+            .await
+            .is_err());
+    }
+}

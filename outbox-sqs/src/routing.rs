@@ -1,0 +1,104 @@
+//! Which queue an event goes to.
+
+use std::collections::BTreeMap;
+
+use outbox_core::{Event, PublishError};
+
+use crate::error::{Error, Result};
+
+/// The routing rule, most specific first: the event's destination, a route for its
+/// event type, a route for its aggregate type, the default queue, and
+/// `<prefix><aggregate_type>`. Each target is a queue URL or a queue name.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Routing {
+    pub(crate) prefix: String,
+    pub(crate) default_queue: Option<String>,
+    pub(crate) by_aggregate_type: BTreeMap<String, String>,
+    pub(crate) by_event_type: BTreeMap<String, String>,
+}
+
+/// Where a message goes: a URL as configured, or a name to resolve.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Target {
+    Url(String),
+    Name(String),
+}
+
+impl Routing {
+    pub(crate) fn target(&self, event: &Event) -> Result<Target, PublishError> {
+        let queue = if let Some(destination) = &event.destination {
+            destination.clone()
+        } else if let Some(queue) = self.by_event_type.get(&event.event_type) {
+            queue.clone()
+        } else if let Some(queue) = self.by_aggregate_type.get(&event.aggregate_type) {
+            queue.clone()
+        } else if let Some(queue) = &self.default_queue {
+            queue.clone()
+        } else {
+            format!("{}{}", self.prefix, event.aggregate_type)
+        };
+        parse_target(&queue).map_err(|e| PublishError::permanent(e.to_string()))
+    }
+}
+
+/// A queue URL (`http(s)://...`) or a queue name (1 to 80 of `[A-Za-z0-9_-]`, FIFO
+/// names ending in `.fifo`).
+pub(crate) fn parse_target(queue: &str) -> Result<Target> {
+    if queue.starts_with("https://") || queue.starts_with("http://") {
+        if queue.contains(char::is_whitespace) {
+            return Err(Error::InvalidQueue {
+                queue: queue.to_string(),
+                reason: "a URL cannot contain whitespace",
+            });
+        }
+        return Ok(Target::Url(queue.to_string()));
+    }
+    let base = queue.strip_suffix(".fifo").unwrap_or(queue);
+    let reason = if queue.len() > 80 {
+        "a queue name has at most 80 characters"
+    } else if base.is_empty() {
+        "empty queue name"
+    } else if !base
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        "a queue name has only ASCII letters, digits, `-` and `_` (and a `.fifo` suffix); or give a URL"
+    } else {
+        return Ok(Target::Name(queue.to_string()));
+    };
+    Err(Error::InvalidQueue {
+        queue: queue.to_string(),
+        reason,
+    })
+}
+
+/// FIFO queues are those whose name (or URL) ends in `.fifo`.
+pub(crate) fn is_fifo(url: &str) -> bool {
+    url.trim_end_matches('/').ends_with(".fifo")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_parsed() {
+        assert_eq!(
+            parse_target("orders").unwrap(),
+            Target::Name("orders".into())
+        );
+        assert_eq!(
+            parse_target("orders.fifo").unwrap(),
+            Target::Name("orders.fifo".into())
+        );
+        assert!(matches!(
+            parse_target("http://h:1/123/q").unwrap(),
+            Target::Url(_)
+        ));
+        assert!(parse_target("bad name").is_err());
+        assert!(parse_target(".fifo").is_err());
+        assert!(parse_target(&"x".repeat(81)).is_err());
+        assert!(is_fifo("http://h/1/q.fifo"));
+        assert!(!is_fifo("http://h/1/q"));
+    }
+}

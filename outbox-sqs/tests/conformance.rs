@@ -1,0 +1,105 @@
+//! The shared publisher conformance suite against moto's SQS (a FIFO queue).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{closed_port, create_queue, read, unique};
+use outbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
+use outbox_core::Event;
+use outbox_sqs::{Received, SqsConfig, SqsPublisher};
+
+struct Sqs {
+    name: String,
+    url: String,
+    client: outbox_sqs::aws_sdk_sqs::Client,
+}
+
+impl Sqs {
+    async fn new() -> Self {
+        let name = unique("conformance", true);
+        let client = common::publisher(&name).await.client().clone();
+        let url = create_queue(&client, &name).await;
+        Self { name, url, client }
+    }
+}
+
+impl ConformanceTarget for Sqs {
+    type Publisher = SqsPublisher;
+
+    async fn publisher(&self) -> Result<SqsPublisher, BoxError> {
+        // By name: exercises GetQueueUrl and its cache.
+        Ok(common::config(&self.name).build().await?)
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ReceivedMessage>, BoxError> {
+        let mut out = Vec::new();
+        for m in read(&self.client, &self.url, max, wait).await {
+            let r = Received::from_message(&m)?;
+            out.push(ReceivedMessage {
+                id: r.event_id,
+                event_type: r.event_type,
+                aggregate_type: r.aggregate_type,
+                aggregate_id: r.aggregate_id,
+                created_at: Some(r.created_at),
+                payload: m.body().unwrap_or_default().as_bytes().to_vec(),
+                headers: r.headers,
+            });
+        }
+        Ok(out)
+    }
+
+    fn refused(&self, mut event: Event) -> Event {
+        // Over SQS's 256 KiB: refused before sending.
+        let big = "x".repeat(300 * 1024);
+        event.payload = conformance::raw_json(&serde_json::json!({ "big": big }));
+        event
+    }
+
+    async fn unreachable_publisher(&self) -> Result<SqsPublisher, BoxError> {
+        Ok(SqsConfig::new(&self.name)
+            .endpoint(format!("http://127.0.0.1:{}", closed_port()))
+            .region("us-east-1")
+            .credentials("test", "test")
+            .timeout(Duration::from_secs(3))
+            .connect_timeout(Duration::from_secs(1))
+            .max_attempts(2)
+            .build()
+            .await?)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn empty_batch() {
+    conformance::empty_batch(&Sqs::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_and_read_back() {
+    conformance::publish_and_read_back(&Sqs::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn message_envelope() {
+    conformance::message_envelope(&Sqs::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn per_aggregate_order() {
+    conformance::per_aggregate_order(&Sqs::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn republish_is_published() {
+    conformance::republish_is_published(&Sqs::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_message_fails_alone() {
+    conformance::refused_message_fails_alone(&Sqs::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unreachable_broker_is_retryable() {
+    conformance::unreachable_broker_is_retryable(&Sqs::new().await).await;
+}

@@ -1,0 +1,326 @@
+//! SQS-specific behaviour against moto, and end to end through PostgreSQL.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::{closed_port, create_queue, read, unique};
+use outbox_core::conformance::event;
+use outbox_core::{
+    Event, FailureKind, NewEvent, Outcome, Publisher, Relay, RelayConfig, RetryPolicy, Store,
+};
+use outbox_postgres::testing::TestOutbox;
+use outbox_postgres::{DeadLetterFilter, DeadLetters};
+use outbox_sqs::aws_sdk_sqs::types::MessageSystemAttributeName;
+use outbox_sqs::{Received, SqsConfig};
+use uuid::Uuid;
+
+fn ids(messages: &[outbox_sqs::aws_sdk_sqs::types::Message]) -> Vec<Uuid> {
+    messages
+        .iter()
+        .map(|m| outbox_sqs::event_id(m).expect("event id attribute"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifo_sets_group_and_dedup_and_drops_a_resend() {
+    let name = unique("fifo", true);
+    let publisher = common::publisher(&name).await;
+    let url = create_queue(publisher.client(), &name).await;
+    let e = event("order", "order-42", "order.created", 1);
+    assert_eq!(
+        publisher.publish(std::slice::from_ref(&e)).await,
+        vec![Outcome::Published]
+    );
+    // The relay crashed before recording: the same event id is sent again.
+    assert_eq!(
+        publisher.publish(std::slice::from_ref(&e)).await,
+        vec![Outcome::Published]
+    );
+
+    let messages = read(publisher.client(), &url, 10, Duration::from_secs(5)).await;
+    // Keep reading a little: a duplicate would show up now.
+    let more = read(publisher.client(), &url, 10, Duration::from_secs(2)).await;
+    assert_eq!(
+        ids(&messages).len() + ids(&more).len(),
+        1,
+        "the re-send was delivered twice"
+    );
+    let system = messages[0].attributes().cloned().unwrap_or_default();
+    assert_eq!(
+        system
+            .get(&MessageSystemAttributeName::MessageGroupId)
+            .map(String::as_str),
+        Some("order-42")
+    );
+    let dedup = e.id.to_string();
+    assert_eq!(
+        system
+            .get(&MessageSystemAttributeName::MessageDeduplicationId)
+            .map(String::as_str),
+        Some(dedup.as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn many_events_go_out_in_batches_of_ten() {
+    let name = unique("standard", false);
+    let publisher = common::publisher(&name).await;
+    let url = create_queue(publisher.client(), &name).await;
+    // By URL this time; 25 events: 3 calls.
+    let publisher = common::config(&url).build().await.unwrap();
+    let events: Vec<Event> = (0..25)
+        .map(|i| event("order", &format!("o-{}", i % 7), "order.created", i))
+        .collect();
+    assert_eq!(
+        publisher.publish(&events).await,
+        vec![Outcome::Published; 25]
+    );
+    let got: HashSet<Uuid> =
+        ids(&read(publisher.client(), &url, 25, Duration::from_secs(20)).await)
+            .into_iter()
+            .collect();
+    assert_eq!(got, events.iter().map(|e| e.id).collect::<HashSet<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn many_headers_are_packed_and_read_back() {
+    let name = unique("headers", false);
+    let publisher = common::publisher(&name).await;
+    let url = create_queue(publisher.client(), &name).await;
+    let mut e = event("order", "1", "order.created", 1);
+    e.headers.insert(
+        "traceparent".into(),
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+    );
+    for i in 0..9 {
+        e.headers.insert(format!("h{i}"), format!("value {i}"));
+    }
+    assert_eq!(
+        publisher.publish(std::slice::from_ref(&e)).await,
+        vec![Outcome::Published]
+    );
+    let messages = read(publisher.client(), &url, 1, Duration::from_secs(10)).await;
+    assert_eq!(messages.len(), 1);
+    let attributes = messages[0]
+        .message_attributes()
+        .map(|a| a.len())
+        .unwrap_or(0);
+    assert!(attributes <= 10, "{attributes} attributes");
+    let r = Received::from_message(&messages[0]).unwrap();
+    assert_eq!(r.headers, e.headers);
+    assert_eq!(r.traceparent(), e.traceparent());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_and_invalid_queues_fail_permanently() {
+    let name = unique("good", false);
+    let publisher = common::publisher(&name).await;
+    create_queue(publisher.client(), &name).await;
+    let mut missing_name = event("order", "1", "order.created", 1);
+    missing_name.destination = Some(unique("missing", false));
+    let mut missing_url = event("order", "2", "order.created", 2);
+    missing_url.destination = Some(format!(
+        "{}/123456789012/{}",
+        common::endpoint(),
+        unique("nope", false)
+    ));
+    let mut invalid = event("order", "3", "order.created", 3);
+    invalid.destination = Some("not a queue!".into());
+    let good = event("order", "4", "order.created", 4);
+    let outcomes = publisher
+        .publish(&[missing_name, missing_url, invalid, good])
+        .await;
+    for (i, o) in outcomes.iter().take(3).enumerate() {
+        assert!(
+            matches!(o, Outcome::Failed(e) if e.kind == FailureKind::Permanent),
+            "event {i}: {o:?}"
+        );
+    }
+    assert_eq!(outcomes[3], Outcome::Published);
+    publisher.check().await.unwrap();
+}
+
+fn relay_config() -> RelayConfig {
+    RelayConfig {
+        batch_size: 50,
+        poll_interval: Duration::from_millis(50),
+        publish_timeout: Duration::from_secs(30),
+        retry: RetryPolicy::default()
+            .max_attempts(100)
+            .base_delay(Duration::from_millis(100))
+            .max_delay(Duration::from_millis(300)),
+        ..RelayConfig::default()
+    }
+}
+
+/// Run the relay until the outbox is empty, at most `limit`.
+async fn drain<S: Store, P: Publisher>(relay: &Relay<S, P>, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let report = relay.run_once().await.expect("store");
+        if report.claimed == 0 {
+            if relay.store().pending().await.expect("pending") == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "outbox not drained within {limit:?}"
+        );
+    }
+}
+
+async fn db() -> TestOutbox {
+    TestOutbox::new()
+        .await
+        .expect("PostgreSQL (DATABASE_URL) for the end-to-end test")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn end_to_end_fifo_keeps_group_order() {
+    let db = db().await;
+    let name = unique("orders", true);
+    let publisher = common::publisher(&name).await;
+    let url = create_queue(publisher.client(), &name).await;
+    let mut sent = Vec::new();
+    for round in 0..4 {
+        let mut tx = db.pool.begin().await.unwrap();
+        for a in 0..3 {
+            let e = NewEvent::new(
+                "order",
+                format!("order-{a}"),
+                "order.updated",
+                &serde_json::json!({"round": round}),
+            );
+            sent.push(db.outbox.enqueue(&mut tx, &e).await.unwrap());
+        }
+        tx.commit().await.unwrap();
+    }
+    let client = publisher.client().clone();
+    let relay = Relay::new(db.store(), publisher).with_config(relay_config());
+    drain(&relay, Duration::from_secs(60)).await;
+    let messages = read(&client, &url, sent.len(), Duration::from_secs(20)).await;
+    assert_eq!(
+        ids(&messages).into_iter().collect::<HashSet<_>>(),
+        sent.iter().copied().collect::<HashSet<_>>()
+    );
+    for a in 0..3 {
+        let rounds: Vec<i64> = messages
+            .iter()
+            .filter(|m| Received::from_message(m).unwrap().aggregate_id == format!("order-{a}"))
+            .map(|m| {
+                serde_json::from_str::<serde_json::Value>(m.body().unwrap()).unwrap()["round"]
+                    .as_i64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(rounds, vec![0, 1, 2, 3], "group order-{a}");
+    }
+    db.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversize_entry_dead_letters_alone() {
+    let db = db().await;
+    let name = unique("partial", false);
+    let publisher = common::publisher(&name).await;
+    let url = create_queue(publisher.client(), &name).await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let mut good = Vec::new();
+    for i in 0..6 {
+        let e = NewEvent::new(
+            "order",
+            format!("o-{i}"),
+            "order.created",
+            &serde_json::json!({"i": i}),
+        );
+        good.push(db.outbox.enqueue(&mut tx, &e).await.unwrap());
+    }
+    let big = NewEvent::new(
+        "order",
+        "o-big",
+        "order.created",
+        &serde_json::json!({"big": "x".repeat(300 * 1024)}),
+    );
+    let big_id = db.outbox.enqueue(&mut tx, &big).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let client = publisher.client().clone();
+    let relay = Relay::new(db.store(), publisher).with_config(relay_config());
+    drain(&relay, Duration::from_secs(60)).await;
+    let dead = DeadLetters::new(db.pool.clone(), &db.outbox);
+    assert_eq!(dead.count(&DeadLetterFilter::default()).await.unwrap(), 1);
+    let letter = dead
+        .show(big_id)
+        .await
+        .unwrap()
+        .expect("the oversize event is a dead letter");
+    assert!(
+        letter.last_error.unwrap_or_default().contains("exceeds"),
+        "error names the size"
+    );
+    let got: HashSet<Uuid> = ids(&read(&client, &url, good.len(), Duration::from_secs(20)).await)
+        .into_iter()
+        .collect();
+    assert_eq!(got, good.into_iter().collect::<HashSet<_>>());
+    db.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn broker_outage_keeps_events_until_recovery() {
+    let db = db().await;
+    let name = unique("outage", false);
+    let up = common::publisher(&name).await;
+    let url = create_queue(up.client(), &name).await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let mut sent = Vec::new();
+    for i in 0..8 {
+        let e = NewEvent::new(
+            "order",
+            format!("o-{i}"),
+            "order.created",
+            &serde_json::json!({"i": i}),
+        );
+        sent.push(db.outbox.enqueue(&mut tx, &e).await.unwrap());
+    }
+    tx.commit().await.unwrap();
+
+    // The broker is down: nothing listens where the relay sends.
+    let down = SqsConfig::new(&url)
+        .endpoint(format!("http://127.0.0.1:{}", closed_port()))
+        .region("us-east-1")
+        .credentials("test", "test")
+        .timeout(Duration::from_secs(3))
+        .connect_timeout(Duration::from_secs(1))
+        .max_attempts(1)
+        .build()
+        .await
+        .unwrap();
+    let relay = Relay::new(db.store(), down).with_config(relay_config());
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.retried, 8, "{report:?}");
+    assert_eq!(
+        relay.store().pending().await.unwrap(),
+        8,
+        "events stay in the outbox"
+    );
+    let dead = DeadLetters::new(db.pool.clone(), &db.outbox);
+    assert_eq!(dead.count(&DeadLetterFilter::default()).await.unwrap(), 0);
+
+    // Back up: the same outbox drains to the real endpoint.
+    let client = up.client().clone();
+    let relay = Relay::new(db.store(), up).with_config(relay_config());
+    drain(&relay, Duration::from_secs(60)).await;
+    let got: HashSet<Uuid> = ids(&read(&client, &url, sent.len(), Duration::from_secs(20)).await)
+        .into_iter()
+        .collect();
+    assert_eq!(
+        got,
+        sent.into_iter().collect::<HashSet<_>>(),
+        "all delivered after recovery"
+    );
+    db.drop_schema().await.unwrap();
+}

@@ -14,6 +14,7 @@ mod store;
 mod tables;
 #[cfg(feature = "test-utils")]
 pub mod testing;
+mod wakeup;
 
 pub use cleanup::Cleanup;
 pub use dead_letters::{DeadLetter, DeadLetterFilter, DeadLetters};
@@ -26,3 +27,4 @@ pub use sql::AfterDeadLetter;
 pub use stats::OutboxStats;
 pub use store::{PgClaim, PgStore, Retention, StoreConfig};
 pub use tables::Tables;
+pub use wakeup::{install_notify_trigger, remove_notify_trigger, Wakeup};

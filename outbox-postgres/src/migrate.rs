@@ -16,11 +16,18 @@ struct Migration {
 }
 
 /// Every migration, in order. The SQL lives in the workspace's `migrations/` folder.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox",
-    template: include_str!("../../migrations/0001_outbox.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox",
+        template: include_str!("../../migrations/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "notify_function",
+        template: include_str!("../../migrations/0002_notify_function.sql"),
+    },
+];
 
 /// Create the outbox objects named by `tables` (schema, events table, indexes,
 /// dead-letter view, inbox table), applying only migrations not applied yet.
@@ -86,7 +93,7 @@ mod tests {
                 "unreplaced name in migration {}",
                 m.version
             );
-            assert!(rendered.contains("\"public\".\"outbox_events\""));
+            assert!(rendered.contains("\"public\"."));
         }
     }
 }

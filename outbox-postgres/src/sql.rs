@@ -39,6 +39,7 @@ pub(crate) struct Sql {
     pub(crate) mark_published: String,
     pub(crate) record_failures: String,
     pub(crate) count_pending: String,
+    pub(crate) probe_due: String,
     pub(crate) stats: String,
 
     pub(crate) dead_count: String,
@@ -49,6 +50,11 @@ pub(crate) struct Sql {
     pub(crate) cleanup_processed: String,
     pub(crate) cleanup_inbox: String,
     pub(crate) inbox_record: String,
+
+    /// Channel of the opt-in wake-up notifications (not quoted: `LISTEN` quotes it).
+    pub(crate) notify_channel: String,
+    pub(crate) create_notify_trigger: String,
+    pub(crate) drop_notify_trigger: String,
 }
 
 impl Sql {
@@ -61,6 +67,16 @@ impl Sql {
             tables.derived(tables.events(), "migrations")
         );
         let pending = "processed_at IS NULL AND dead_at IS NULL";
+        // Unique per events table; identifiers are validated ([a-z0-9_]), so it is
+        // safe as a string literal too.
+        let mut notify_channel = format!("{}.{}", tables.schema(), tables.events());
+        notify_channel.truncate(crate::ident::MAX_IDENT_LEN);
+        let notify_function = format!(
+            "{}.{}",
+            tables.schema().quoted(),
+            tables.derived(tables.events(), "notify")
+        );
+        let notify_trigger = tables.derived(tables.events(), "notify");
         let claim = |ordering: &str| {
             format!(
                 "SELECT {EVENT_COLUMNS} FROM {events} e \
@@ -109,6 +125,8 @@ impl Sql {
                 ("inbox", inbox.clone()),
                 ("inbox_pkey", tables.derived(tables.inbox(), "pkey")),
                 ("inbox_processed_idx", tables.derived(tables.inbox(), "processed_idx")),
+                ("notify_function", notify_function.clone()),
+                ("notify_channel", format!("'{notify_channel}'")),
             ],
 
             enqueue_one: format!(
@@ -143,6 +161,9 @@ impl Sql {
                  AS f(id, error, delay_ms, dead) WHERE e.id = f.id"
             ),
             count_pending: format!("SELECT count(*) FROM {events} WHERE {pending}"),
+            probe_due: format!(
+                "SELECT EXISTS (SELECT 1 FROM {events} WHERE {pending} AND available_at <= now())"
+            ),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE {pending}), \
                  count(*) FILTER (WHERE {pending} AND available_at > now()), \
@@ -176,6 +197,14 @@ impl Sql {
             inbox_record: format!(
                 "INSERT INTO {inbox} (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
             ),
+
+            // Per statement: one notification per enqueue or enqueue_many call.
+            create_notify_trigger: format!(
+                "CREATE TRIGGER {notify_trigger} AFTER INSERT ON {events} \
+                 FOR EACH STATEMENT EXECUTE FUNCTION {notify_function}()"
+            ),
+            drop_notify_trigger: format!("DROP TRIGGER IF EXISTS {notify_trigger} ON {events}"),
+            notify_channel,
         }
     }
 

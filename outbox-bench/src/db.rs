@@ -1,0 +1,251 @@
+//! The benchmark's outbox: a fresh schema, bulk filling, relays run to a count.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::{NewEvent, Publisher, Relay, RelayConfig, Store};
+use outbox_postgres::{Outbox, PgStore, Tables};
+use sqlx::{Connection, PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use crate::{progress, Result};
+
+/// The schema every scenario works in; dropped and created again at the start.
+pub(crate) const SCHEMA: &str = "outbox_bench";
+
+/// The outbox under test and a pool for the benchmark's own statements.
+pub(crate) struct Bench {
+    pub(crate) url: String,
+    pub(crate) pool: PgPool,
+    pub(crate) tables: Tables,
+    pub(crate) outbox: Outbox,
+}
+
+impl Bench {
+    /// Drop and create the benchmark schema, migrated, plus a business table.
+    pub(crate) async fn fresh(url: &str) -> Result<Self> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(24)
+            .connect(url)
+            .await?;
+        sqlx::query(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
+            .execute(&pool)
+            .await?;
+        let tables = Tables::in_schema(SCHEMA)?;
+        outbox_postgres::migrate(&pool, &tables).await?;
+        sqlx::query(&format!(
+            "CREATE TABLE {SCHEMA}.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+             customer text NOT NULL, total bigint NOT NULL, \
+             created_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .execute(&pool)
+        .await?;
+        Ok(Self {
+            url: url.to_string(),
+            pool,
+            outbox: Outbox::new(tables.clone()),
+            tables,
+        })
+    }
+
+    /// Open the benchmark schema as it is (for a child process).
+    pub(crate) async fn existing(url: &str) -> Result<Self> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(url)
+            .await?;
+        let tables = Tables::in_schema(SCHEMA)?;
+        Ok(Self {
+            url: url.to_string(),
+            pool,
+            outbox: Outbox::new(tables.clone()),
+            tables,
+        })
+    }
+
+    /// A relay store on its own pool from `PgStore::connect` (as a relay would have).
+    pub(crate) async fn store(&self, connections: u32) -> Result<PgStore> {
+        let pool = PgStore::connect(&self.url, connections, Duration::from_secs(60)).await?;
+        Ok(PgStore::new(pool, self.tables.clone()))
+    }
+
+    /// Empty the events and business tables, then checkpoint, so runs start alike.
+    pub(crate) async fn reset(&self) -> Result<()> {
+        sqlx::query(&format!("TRUNCATE {SCHEMA}.outbox_events, {SCHEMA}.orders"))
+            .execute(&self.pool)
+            .await?;
+        self.settle().await
+    }
+
+    /// Update statistics and checkpoint before a timed phase.
+    pub(crate) async fn settle(&self) -> Result<()> {
+        sqlx::query(&format!("VACUUM ANALYZE {SCHEMA}.outbox_events"))
+            .execute(&self.pool)
+            .await?;
+        sqlx::query("CHECKPOINT").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Enqueue `n` events over `aggregates` aggregates with `enqueue_many`, in
+    /// transactions of 5000 events on two connections.
+    pub(crate) async fn fill(&self, n: u64, aggregates: u64) -> Result<()> {
+        let started = Instant::now();
+        let next = Arc::new(AtomicU64::new(0));
+        let chunk = 5000;
+        let fillers = (0..2).map(|_| {
+            let next = Arc::clone(&next);
+            async move {
+                let mut conn = PgConnection::connect(&self.url).await?;
+                loop {
+                    let from = next.fetch_add(chunk, Ordering::Relaxed);
+                    if from >= n {
+                        return Ok::<_, Box<dyn std::error::Error + Send + Sync>>(());
+                    }
+                    let events: Vec<NewEvent> = (from..(from + chunk).min(n))
+                        .map(|i| event(i, aggregates))
+                        .collect();
+                    let mut tx = conn.begin().await?;
+                    self.outbox.enqueue_many(&mut tx, &events).await?;
+                    tx.commit().await?;
+                }
+            }
+        });
+        for result in futures_util::future::join_all(fillers).await {
+            result?;
+        }
+        let elapsed = started.elapsed();
+        progress(format!(
+            "filled {n} events in {:.1} s ({:.0} events/s)",
+            elapsed.as_secs_f64(),
+            n as f64 / elapsed.as_secs_f64()
+        ));
+        Ok(())
+    }
+
+    /// Insert `n` already-processed rows server-side (history for `Retention::Keep`).
+    pub(crate) async fn fill_history(&self, n: u64) -> Result<()> {
+        let started = Instant::now();
+        let step: i64 = 1_000_000;
+        let n = i64::try_from(n)?;
+        let mut from = 0;
+        while from < n {
+            let to = (from + step).min(n);
+            // Ids counting up from 0: as time-ordered as v7 ids, and distinct from them.
+            sqlx::query(&format!(
+                "INSERT INTO {SCHEMA}.outbox_events (id, aggregate_type, aggregate_id, event_type, \
+                 payload, attempts, created_at, processed_at) \
+                 SELECT lpad(to_hex(i), 32, '0')::uuid, 'order', 'a' || (i % 10000), \
+                 'order.created', jsonb_build_object('n', i, 'total', i % 1000), 1, \
+                 now() - interval '1 day', now() - interval '1 day' \
+                 FROM generate_series($1::bigint, $2::bigint - 1) AS i"
+            ))
+            .bind(from)
+            .bind(to)
+            .execute(&self.pool)
+            .await?;
+            from = to;
+            progress(format!("history: {to} rows"));
+        }
+        progress(format!(
+            "inserted {n} processed rows in {:.1} s",
+            started.elapsed().as_secs_f64()
+        ));
+        Ok(())
+    }
+}
+
+/// The benchmark event: a small order payload, aggregates interleaved.
+pub(crate) fn event(i: u64, aggregates: u64) -> NewEvent {
+    let payload = format!(
+        r#"{{"order_id":{i},"customer":"c{}","total_cents":{},"currency":"EUR"}}"#,
+        i % 977,
+        (i * 37) % 100_000
+    );
+    NewEvent::from_json_str(
+        "order",
+        format!("a{}", i % aggregates.max(1)),
+        "order.created",
+        payload,
+    )
+}
+
+/// Run `relays` relays until together they published `n` events; the elapsed time.
+pub(crate) async fn run_relays<P: Publisher + Clone>(
+    store: &PgStore,
+    publisher: P,
+    relays: usize,
+    config: &RelayConfig,
+    n: u64,
+) -> Duration {
+    let relays: Vec<_> = (0..relays.max(1))
+        .map(|_| Relay::new(store.clone(), publisher.clone()).with_config(config.clone()))
+        .collect();
+    let stats: Vec<_> = relays.iter().map(Relay::stats).collect();
+    let started = Instant::now();
+    let elapsed = Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    let done = {
+        let elapsed = Arc::clone(&elapsed);
+        async move {
+            loop {
+                let published: u64 = stats.iter().map(|s| s.snapshot().published).sum();
+                if published >= n {
+                    if let Ok(mut e) = elapsed.lock() {
+                        *e = started.elapsed();
+                    }
+                    return;
+                }
+                // Coarse on purpose: waking often would take CPU from the relay.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let done = futures_util::FutureExt::shared(Box::pin(done));
+    futures_util::future::join_all(relays.iter().map(|r| r.run(done.clone()))).await;
+    let elapsed = elapsed.lock().map(|e| *e).unwrap_or_default();
+    elapsed
+}
+
+/// The same SQL work as the relay without it: `loops` connections each running
+/// BEGIN; claim; record the published ids; COMMIT, until `n` events are recorded.
+pub(crate) async fn run_sql_limit(
+    url: &str,
+    store: &PgStore,
+    loops: usize,
+    batch: usize,
+    n: u64,
+) -> Result<Duration> {
+    let (begin, claim, record) = store.claim_and_record_sql();
+    let done = Arc::new(AtomicU64::new(0));
+    let batch = i64::try_from(batch)?;
+    let started = Instant::now();
+    let workers = (0..loops.max(1)).map(|_| {
+        let done = Arc::clone(&done);
+        async move {
+            let mut conn = PgConnection::connect(url).await?;
+            while done.load(Ordering::Relaxed) < n {
+                let mut tx = sqlx::Connection::begin_with(&mut conn, begin).await?;
+                let rows = sqlx::query(claim).bind(batch).fetch_all(&mut *tx).await?;
+                let ids = rows
+                    .iter()
+                    .map(|row| row.try_get::<Uuid, _>("id"))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if !ids.is_empty() {
+                    sqlx::query(record).bind(&ids).execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                done.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        }
+    });
+    for result in futures_util::future::join_all(workers).await {
+        result?;
+    }
+    Ok(started.elapsed())
+}
+
+/// Whether the store has nothing left to publish.
+pub(crate) async fn is_drained(store: &PgStore) -> bool {
+    store.pending().await.map(|n| n == 0).unwrap_or(false)
+}

@@ -1,0 +1,259 @@
+//! Drain scenarios: relay against the SQL limit, against a broker, and as history grows.
+
+use std::time::Duration;
+
+use clap::Args;
+use outbox_core::{NullPublisher, RelayConfig};
+use outbox_postgres::{Retention, StoreConfig};
+use serde_json::json;
+
+use crate::db::{run_relays, run_sql_limit, Bench};
+use crate::{progress, verdict, Report, Result};
+
+/// Options shared by the drain scenarios.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct DrainOptions {
+    /// Backlog size.
+    #[arg(long, default_value_t = 200_000)]
+    events: u64,
+    /// Relays draining concurrently (and SQL loops for the limit).
+    #[arg(long, default_value_t = 1)]
+    relays: usize,
+    /// Events per claim (`RelayConfig::batch_size`); default: the relay's default.
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Distinct aggregates the events belong to.
+    #[arg(long, default_value_t = 10_000)]
+    aggregates: u64,
+    /// Claim without per-aggregate ordering.
+    #[arg(long)]
+    unordered: bool,
+    /// Make the relay's record commits wait for the WAL flush (the store's default is not to).
+    #[arg(long)]
+    synchronous_commit: bool,
+    /// Runs of each side, alternating; the best of each counts (the machine is shared).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+}
+
+impl DrainOptions {
+    fn relay_config(&self) -> RelayConfig {
+        let mut config = RelayConfig::default();
+        if let Some(batch) = self.batch_size {
+            config.batch_size = batch;
+        }
+        config
+    }
+
+    fn store_config(&self, retention: Retention) -> StoreConfig {
+        StoreConfig {
+            ordering: !self.unordered,
+            retention,
+            synchronous_commit: self.synchronous_commit,
+            ..StoreConfig::default()
+        }
+    }
+
+    fn describe(&self, config: &RelayConfig) -> String {
+        format!(
+            "events={} relays={} batch={} aggregates={} ordering={} synchronous_commit={}",
+            self.events,
+            self.relays,
+            config.batch_size,
+            self.aggregates,
+            !self.unordered,
+            self.synchronous_commit
+        )
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DrainArgs {
+    #[command(flatten)]
+    options: DrainOptions,
+}
+
+/// Relay drain rate with the null publisher against the same SQL work without the relay.
+pub(crate) async fn drain(url: &str, args: &DrainArgs) -> Result<Report> {
+    let o = &args.options;
+    let bench = Bench::fresh(url).await?;
+    let config = o.relay_config();
+    let relays = o.relays.max(1);
+    let store = bench
+        .store(relays as u32 + 1)
+        .await?
+        .with_config(o.store_config(Retention::Delete));
+
+    let (mut relay_rate, mut limit_rate) = (0.0_f64, 0.0_f64);
+    for round in 1..=o.rounds.max(1) {
+        bench.reset().await?;
+        bench.fill(o.events, o.aggregates).await?;
+        bench.settle().await?;
+        let relay_time = run_relays(&store, NullPublisher, relays, &config, o.events).await;
+        let rate = o.events as f64 / relay_time.as_secs_f64();
+        progress(format!("round {round}: relay {rate:.0} events/s"));
+        relay_rate = relay_rate.max(rate);
+
+        bench.reset().await?;
+        bench.fill(o.events, o.aggregates).await?;
+        bench.settle().await?;
+        let limit_time = run_sql_limit(url, &store, relays, config.batch_size, o.events).await?;
+        let rate = o.events as f64 / limit_time.as_secs_f64();
+        progress(format!("round {round}: SQL limit {rate:.0} events/s"));
+        limit_rate = limit_rate.max(rate);
+    }
+
+    let ratio = relay_rate / limit_rate;
+    Ok(Report {
+        line: format!(
+            "drain: relay {relay_rate:.0} events/s, SQL limit {limit_rate:.0} events/s, \
+             ratio {ratio:.2} (target >= 0.8: {}) [{} rounds={}, best of each]",
+            verdict(ratio >= 0.8),
+            o.describe(&config),
+            o.rounds
+        ),
+        json: json!({
+            "scenario": "drain", "events": o.events, "relays": relays,
+            "batch_size": config.batch_size, "ordering": !o.unordered,
+            "relay_events_per_s": relay_rate, "limit_events_per_s": limit_rate,
+            "ratio": ratio, "target_met": ratio >= 0.8,
+        }),
+    })
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct BrokerArgs {
+    #[command(flatten)]
+    options: DrainOptions,
+    /// Claim loops per relay (`RelayConfig::workers`) for the broker run.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// NATS server.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+}
+
+/// Drain into NATS JetStream against the null publisher.
+#[cfg(not(feature = "nats"))]
+pub(crate) async fn drain_broker(_url: &str, args: &BrokerArgs) -> Result<Report> {
+    let _ = (&args.options, args.workers, &args.nats_url);
+    Ok(Report {
+        line: "drain-broker: skipped: built without the `nats` feature \
+               (run with `--features nats`)"
+            .to_string(),
+        json: json!({ "scenario": "drain-broker", "skipped": "feature `nats` is off" }),
+    })
+}
+
+/// Drain into NATS JetStream against the null publisher.
+#[cfg(feature = "nats")]
+pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report> {
+    use outbox_nats::{NatsConfig, SubjectRouting};
+
+    let o = &args.options;
+    let bench = Bench::fresh(url).await?;
+    let config = o.relay_config();
+    let relays = o.relays.max(1);
+    let store = bench
+        .store((relays * args.workers.max(1)) as u32 + 1)
+        .await?
+        .with_config(o.store_config(Retention::Delete));
+
+    bench.reset().await?;
+    bench.fill(o.events, o.aggregates).await?;
+    bench.settle().await?;
+    progress("relay draining into the null publisher");
+    let null_time = run_relays(&store, NullPublisher, relays, &config, o.events).await;
+    let null_rate = o.events as f64 / null_time.as_secs_f64();
+
+    let publisher = NatsConfig::new(args.nats_url.as_str())
+        .routing(SubjectRouting::new("outboxbench"))
+        .build()
+        .await?;
+    let stream = "OUTBOX_BENCH";
+    let _ = publisher.jetstream().delete_stream(stream).await;
+    publisher
+        .ensure_stream(publisher.stream_config(stream))
+        .await?;
+    bench.reset().await?;
+    bench.fill(o.events, o.aggregates).await?;
+    bench.settle().await?;
+    progress("relay draining into NATS JetStream");
+    let broker_config = RelayConfig {
+        workers: args.workers.max(1),
+        ..config.clone()
+    };
+    let broker_time = run_relays(&store, publisher.clone(), relays, &broker_config, o.events).await;
+    let broker_rate = o.events as f64 / broker_time.as_secs_f64();
+    let _ = publisher.jetstream().delete_stream(stream).await;
+
+    let ratio = broker_rate / null_rate;
+    Ok(Report {
+        line: format!(
+            "drain-broker: NATS JetStream {broker_rate:.0} events/s, null publisher \
+             {null_rate:.0} events/s, ratio {ratio:.2} [{} workers={}]",
+            o.describe(&config),
+            args.workers
+        ),
+        json: json!({
+            "scenario": "drain-broker", "broker": "nats-jetstream", "events": o.events,
+            "relays": relays, "workers": args.workers, "batch_size": config.batch_size,
+            "broker_events_per_s": broker_rate, "null_events_per_s": null_rate, "ratio": ratio,
+        }),
+    })
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct HistoryArgs {
+    #[command(flatten)]
+    options: DrainOptions,
+    /// Processed rows kept in the table for the second run.
+    #[arg(long, default_value_t = 10_000_000)]
+    history: u64,
+}
+
+/// Drain rate with `Retention::Keep` on an empty table and with `history` processed rows.
+pub(crate) async fn history(url: &str, args: &HistoryArgs) -> Result<Report> {
+    let o = &args.options;
+    let bench = Bench::fresh(url).await?;
+    let config = o.relay_config();
+    let relays = o.relays.max(1);
+    // Delete-on-publish keeps no history: keeping rows is what can slow down.
+    let keep = Retention::Keep(Duration::from_secs(7 * 24 * 3600));
+    let store = bench
+        .store(relays as u32 + 1)
+        .await?
+        .with_config(o.store_config(keep));
+
+    bench.reset().await?;
+    bench.fill(o.events, o.aggregates).await?;
+    bench.settle().await?;
+    progress("draining with an empty history");
+    let empty_time = run_relays(&store, NullPublisher, relays, &config, o.events).await;
+    let empty_rate = o.events as f64 / empty_time.as_secs_f64();
+
+    bench.reset().await?;
+    bench.fill_history(args.history).await?;
+    bench.fill(o.events, o.aggregates).await?;
+    bench.settle().await?;
+    progress(format!("draining with {} processed rows", args.history));
+    let full_time = run_relays(&store, NullPublisher, relays, &config, o.events).await;
+    let full_rate = o.events as f64 / full_time.as_secs_f64();
+
+    let ratio = full_rate / empty_rate;
+    Ok(Report {
+        line: format!(
+            "history: Retention::Keep, {full_rate:.0} events/s with {} processed rows vs \
+             {empty_rate:.0} events/s empty, ratio {ratio:.2} (target >= 0.9: {}) [{}]",
+            args.history,
+            verdict(ratio >= 0.9),
+            o.describe(&config)
+        ),
+        json: json!({
+            "scenario": "history", "retention": "keep", "history_rows": args.history,
+            "events": o.events, "relays": relays, "batch_size": config.batch_size,
+            "empty_events_per_s": empty_rate, "history_events_per_s": full_rate,
+            "ratio": ratio, "target_met": ratio >= 0.9,
+        }),
+    })
+}

@@ -1,0 +1,146 @@
+//! Benchmarks of the outbox on a real PostgreSQL: see `BENCHMARKS.md` at the
+//! repository root for the machine, the commands and the figures.
+//!
+//! `cargo run --release -p outbox-bench -- <scenario> [options]`; each scenario
+//! prints one result line (and a JSON object with `--json`).
+
+mod db;
+mod drain;
+mod latency;
+mod produce;
+mod resources;
+
+use clap::{Parser, Subcommand};
+
+/// Errors end the run with a message.
+pub(crate) type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmarks of the outbox against PostgreSQL")]
+struct Cli {
+    /// PostgreSQL URL; the benchmark uses (and drops) the schema `outbox_bench`.
+    #[arg(
+        long,
+        global = true,
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    database_url: String,
+    /// Also print the result as one JSON object.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+/// Wake-up modes of the relay, as named on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Sleep `poll_interval` (100 ms) after an empty claim.
+    Fixed,
+    /// Adaptive polling (the default): 1 ms after activity, backing off to 100 ms.
+    Adaptive,
+    /// LISTEN/NOTIFY with the statement trigger installed.
+    Notify,
+}
+
+impl Mode {
+    pub(crate) fn wakeup(self) -> outbox_postgres::Wakeup {
+        match self {
+            Mode::Fixed => outbox_postgres::Wakeup::FixedPoll,
+            Mode::Adaptive => outbox_postgres::Wakeup::adaptive(),
+            Mode::Notify => outbox_postgres::Wakeup::notify(),
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Mode::Fixed => "fixed-poll",
+            Mode::Adaptive => "adaptive-poll",
+            Mode::Notify => "notify",
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Scenario {
+    /// Drain a backlog with K relays and a null publisher; compare with the same SQL
+    /// work done without the relay.
+    Drain(drain::DrainArgs),
+    /// Drain a backlog into NATS JetStream; compare with the null publisher
+    /// (needs the `nats` feature).
+    DrainBroker(drain::BrokerArgs),
+    /// Concurrent producer transactions with and without an outbox event, per wake-up mode.
+    Produce(produce::ProduceArgs),
+    /// Commit-to-publish latency at a fixed offered rate, per wake-up mode.
+    Latency(latency::LatencyArgs),
+    /// Drain rate on an empty table against one with many processed rows kept.
+    History(drain::HistoryArgs),
+    /// Peak resident memory of a relay process draining a large backlog.
+    Rss(resources::RssArgs),
+    /// What an idle (or nearly idle) relay costs, per wake-up mode.
+    Idle(resources::IdleArgs),
+    /// Internal: the relay process measured by `rss`.
+    #[command(hide = true)]
+    RssChild(resources::RssChildArgs),
+}
+
+/// One scenario's result: a line for people, a JSON object for scripts.
+pub(crate) struct Report {
+    pub(crate) line: String,
+    pub(crate) json: serde_json::Value,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("outbox-bench: cannot start the runtime: {error}");
+            std::process::exit(2);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => {}
+        Err(error) => {
+            eprintln!("outbox-bench: {error}");
+            std::process::exit(1);
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let url = cli.database_url.as_str();
+    let report = match cli.scenario {
+        Scenario::Drain(args) => drain::drain(url, &args).await?,
+        Scenario::DrainBroker(args) => drain::drain_broker(url, &args).await?,
+        Scenario::Produce(args) => produce::produce(url, &args).await?,
+        Scenario::Latency(args) => latency::latency(url, &args).await?,
+        Scenario::History(args) => drain::history(url, &args).await?,
+        Scenario::Rss(args) => resources::rss(url, &args).await?,
+        Scenario::Idle(args) => resources::idle(url, &args).await?,
+        Scenario::RssChild(args) => return resources::rss_child(url, &args).await,
+    };
+    println!("{}", report.line);
+    if cli.json {
+        println!("{}", report.json);
+    }
+    Ok(())
+}
+
+/// `met` or `NOT met`, for result lines.
+pub(crate) fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "NOT met"
+    }
+}
+
+/// Progress on standard error, so result lines stay alone on standard output.
+pub(crate) fn progress(message: impl std::fmt::Display) {
+    eprintln!("  .. {message}");
+}

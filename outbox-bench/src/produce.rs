@@ -1,0 +1,181 @@
+//! Producer throughput: business transactions with and without an outbox event.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use outbox_core::{NullPublisher, Relay, RelayConfig};
+use serde_json::json;
+use sqlx::{Connection, PgConnection};
+
+use crate::db::{event, Bench};
+use crate::{progress, verdict, Mode, Report, Result};
+
+#[derive(Args, Debug)]
+pub(crate) struct ProduceArgs {
+    /// Concurrent writers, one connection each.
+    #[arg(long, default_value_t = 16)]
+    writers: usize,
+    /// Measured seconds per mode (after one second of warm-up).
+    #[arg(long, default_value_t = 10)]
+    duration_secs: u64,
+    /// Wake-up modes to measure (a relay with this mode drains while producers write).
+    #[arg(long, value_delimiter = ',', default_values = ["fixed", "adaptive", "notify"])]
+    modes: Vec<Mode>,
+}
+
+/// What the writers commit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Work {
+    BusinessOnly,
+    WithEvent,
+    /// Control: a second business row instead of the event (same statement count).
+    TwoBusinessRows,
+}
+
+/// Commit transactions on `writers` connections for `duration`; transactions per second.
+pub(crate) async fn write_for(
+    bench: &Bench,
+    writers: usize,
+    duration: Duration,
+    work: Work,
+) -> Result<f64> {
+    let counted = Arc::new(AtomicU64::new(0));
+    let warmup = Duration::from_secs(1);
+    let started = Instant::now();
+    let (from, to) = (started + warmup, started + warmup + duration);
+    let tasks = (0..writers.max(1)).map(|w| {
+        let counted = Arc::clone(&counted);
+        async move {
+            let mut conn = PgConnection::connect(&bench.url).await?;
+            let insert = format!(
+                "INSERT INTO {}.orders (customer, total) VALUES ($1, $2)",
+                crate::db::SCHEMA
+            );
+            let mut i = w as u64 * 1_000_000_000;
+            loop {
+                let now = Instant::now();
+                if now >= to {
+                    return Ok::<_, Box<dyn std::error::Error + Send + Sync>>(());
+                }
+                i += 1;
+                let mut tx = conn.begin().await?;
+                sqlx::query(&insert)
+                    .bind(format!("c{}", i % 977))
+                    .bind(i64::try_from(i % 100_000)?)
+                    .execute(&mut *tx)
+                    .await?;
+                match work {
+                    Work::BusinessOnly => {}
+                    Work::WithEvent => {
+                        bench.outbox.enqueue(&mut tx, &event(i, 10_000)).await?;
+                    }
+                    Work::TwoBusinessRows => {
+                        sqlx::query(&insert)
+                            .bind(format!("d{}", i % 977))
+                            .bind(i64::try_from(i % 100_000)?)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+                tx.commit().await?;
+                let done = Instant::now();
+                if done >= from && done < to {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    });
+    for result in futures_util::future::join_all(tasks).await {
+        result?;
+    }
+    Ok(counted.load(Ordering::Relaxed) as f64 / duration.as_secs_f64())
+}
+
+/// Producer transactions per second with the outbox (per wake-up mode, relay
+/// running) against the same transactions without the event.
+pub(crate) async fn produce(url: &str, args: &ProduceArgs) -> Result<Report> {
+    let bench = Bench::fresh(url).await?;
+    let duration = Duration::from_secs(args.duration_secs.max(1));
+
+    bench.reset().await?;
+    progress("business row only");
+    let baseline = write_for(&bench, args.writers, duration, Work::BusinessOnly).await?;
+    progress(format!("baseline {baseline:.0} tx/s"));
+
+    bench.reset().await?;
+    progress("control: two business rows");
+    let control = write_for(&bench, args.writers, duration, Work::TwoBusinessRows).await?;
+    progress(format!("control {control:.0} tx/s"));
+
+    bench.reset().await?;
+    progress("business row + event, no relay");
+    let no_relay = write_for(&bench, args.writers, duration, Work::WithEvent).await?;
+    progress(format!("no relay {no_relay:.0} tx/s"));
+
+    let mut results = Vec::new();
+    for &mode in &args.modes {
+        bench.reset().await?;
+        if mode == Mode::Notify {
+            outbox_postgres::install_notify_trigger(&bench.pool, &bench.tables).await?;
+        }
+        let store = bench.store(3).await?.with_wakeup(mode.wakeup());
+        let relay = Relay::new(store, NullPublisher).with_config(RelayConfig::default());
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        progress(format!("business row + event, relay with {}", mode.name()));
+        let (rate, ()) = tokio::join!(
+            async {
+                let rate = write_for(&bench, args.writers, duration, Work::WithEvent).await;
+                let _ = stop_tx.send(());
+                rate
+            },
+            relay.run(async {
+                let _ = stop_rx.await;
+            })
+        );
+        let rate = rate?;
+        progress(format!("{}: {rate:.0} tx/s", mode.name()));
+        if mode == Mode::Notify {
+            outbox_postgres::remove_notify_trigger(&bench.pool, &bench.tables).await?;
+        }
+        results.push((mode, rate));
+    }
+
+    let default_ratio = results
+        .iter()
+        .find(|(m, _)| *m == Mode::Adaptive)
+        .map(|(_, r)| r / baseline);
+    let parts: Vec<String> = results
+        .iter()
+        .map(|(m, r)| format!("{} {r:.0} tx/s ({:.2})", m.name(), r / baseline))
+        .collect();
+    let target = match default_ratio {
+        Some(ratio) => format!(
+            "default (adaptive-poll) ratio {ratio:.2}, target >= 0.9: {}",
+            verdict(ratio >= 0.9)
+        ),
+        None => "default mode not measured".to_string(),
+    };
+    Ok(Report {
+        line: format!(
+            "produce: {} writers, business only {baseline:.0} tx/s; control, two business \
+             rows {control:.0} tx/s ({:.2}); with event: no relay {no_relay:.0} tx/s ({:.2}), \
+             {}; {target}",
+            args.writers,
+            control / baseline,
+            no_relay / baseline,
+            parts.join(", ")
+        ),
+        json: json!({
+            "scenario": "produce", "writers": args.writers, "seconds": duration.as_secs(),
+            "baseline_tx_per_s": baseline, "control_two_rows_tx_per_s": control,
+            "no_relay_tx_per_s": no_relay,
+            "modes": results.iter().map(|(m, r)| json!({
+                "mode": m.name(), "tx_per_s": r, "ratio": r / baseline,
+            })).collect::<Vec<_>>(),
+            "default_ratio": default_ratio,
+            "target_met": default_ratio.map(|r| r >= 0.9),
+        }),
+    })
+}

@@ -1,0 +1,462 @@
+//! The administration commands: `migrate`, `dead-letters`, `stats`, `cleanup`.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Duration;
+
+use outbox_postgres::{
+    Cleanup, DeadLetter, DeadLetterFilter, DeadLetters, PgStore, Retention, Wakeup,
+};
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::config::Settings;
+use crate::db::{self, Role};
+use crate::failure::{self, Failure};
+
+/// Dead letters shown by a dry run or before a confirmation.
+const PREVIEW: u32 = 20;
+/// Most due events probed for locks by `stats` (the probe locks each row briefly).
+const IN_FLIGHT_PROBE_LIMIT: i64 = 10_000;
+
+async fn connect(settings: &Settings) -> Result<PgPool, Failure> {
+    db::connect(settings.database()?, Role::Admin).await
+}
+
+async fn connect_migrated(settings: &Settings) -> Result<PgPool, Failure> {
+    let pool = connect(settings).await?;
+    db::ensure_migrated(&pool, &settings.tables).await?;
+    Ok(pool)
+}
+
+/// `outbox migrate`.
+pub(crate) async fn migrate(settings: &Settings) -> Result<(), Failure> {
+    let pool = connect(settings).await?;
+    outbox_postgres::migrate(&pool, &settings.tables)
+        .await
+        .map_err(failure::db("migrate"))?;
+    if matches!(settings.wakeup, Wakeup::Notify { .. }) {
+        outbox_postgres::install_notify_trigger(&pool, &settings.tables)
+            .await
+            .map_err(failure::db("installing the notify trigger"))?;
+        println!("relay.wakeup = \"notify\": notify trigger installed (it costs producers throughput; see docs/operations.md)");
+    }
+    let t = &settings.tables;
+    println!(
+        "outbox schema is up to date: {}.{} (dead letters view {}, inbox {})",
+        t.schema(),
+        t.events(),
+        t.dead_letters(),
+        t.inbox()
+    );
+    pool.close().await;
+    Ok(())
+}
+
+/// `outbox stats`.
+pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Failure> {
+    let pool = connect_migrated(settings).await?;
+    let store = PgStore::new(pool.clone(), settings.tables.clone());
+    let stats = store.stats().await.map_err(failure::db("stats"))?;
+    let in_flight = in_flight(&pool, settings).await?;
+    let age = Duration::from_secs(stats.oldest_pending_age.as_secs());
+    if as_json {
+        let line = json!({
+            "pending": stats.pending,
+            "scheduled": stats.scheduled,
+            "in_flight": in_flight,
+            "dead_letters": stats.dead_letters,
+            "oldest_pending_age_seconds": stats.oldest_pending_age.as_secs_f64(),
+            "processed_last_hour": stats.processed_last_hour,
+        });
+        println!("{line}");
+    } else {
+        let kept = match settings.store.retention {
+            Retention::Keep(_) => "",
+            Retention::Delete => " (counted only when published rows are kept)",
+        };
+        println!("pending              {}", stats.pending);
+        println!("  scheduled (later)  {}", stats.scheduled);
+        match in_flight {
+            Some(n) => println!("  in flight (locked) {n}"),
+            None => println!("  in flight (locked) n/a (more than {IN_FLIGHT_PROBE_LIMIT} due)"),
+        }
+        println!("dead letters         {}", stats.dead_letters);
+        println!("oldest pending age   {}", humantime::format_duration(age));
+        println!("published last hour  {}{kept}", stats.processed_last_hour);
+    }
+    pool.close().await;
+    Ok(())
+}
+
+/// Due events locked by relays right now: due events minus those this session can lock
+/// with `FOR KEY SHARE SKIP LOCKED`, in a transaction rolled back at once. Approximate
+/// (rows change between the two counts); `None` when too many are due to probe cheaply.
+async fn in_flight(pool: &PgPool, settings: &Settings) -> Result<Option<u64>, Failure> {
+    let t = &settings.tables;
+    let events = format!("{}.{}", t.schema().quoted(), t.events().quoted());
+    let due = "processed_at IS NULL AND dead_at IS NULL AND available_at <= now()";
+    let count_due = format!("SELECT count(*) FROM (SELECT 1 FROM {events} WHERE {due} LIMIT $1) d");
+    let count_free = format!(
+        "SELECT count(*) FROM (SELECT 1 FROM {events} WHERE {due} LIMIT $1 \
+         FOR KEY SHARE SKIP LOCKED) f"
+    );
+    let failed = |e: sqlx::Error| Failure::runtime(format!("stats: in-flight probe: {e}"));
+    let mut tx = pool.begin().await.map_err(failed)?;
+    let due_n: i64 = sqlx::query_scalar(&count_due)
+        .bind(IN_FLIGHT_PROBE_LIMIT + 1)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(failed)?;
+    if due_n > IN_FLIGHT_PROBE_LIMIT {
+        tx.rollback().await.map_err(failed)?;
+        return Ok(None);
+    }
+    let free: i64 = sqlx::query_scalar(&count_free)
+        .bind(IN_FLIGHT_PROBE_LIMIT + 1)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(failed)?;
+    tx.rollback().await.map_err(failed)?;
+    Ok(Some(u64::try_from((due_n - free).max(0)).unwrap_or(0)))
+}
+
+/// `outbox cleanup`: one retention pass.
+pub(crate) async fn cleanup(settings: &Settings) -> Result<(), Failure> {
+    let pool = connect_migrated(settings).await?;
+    let store = PgStore::new(pool.clone(), settings.tables.clone());
+    let cleanup = Cleanup::new(pool.clone(), store.outbox())
+        .with_batch_size(settings.retention.cleanup_batch_size);
+    let (events, inbox) = crate::serve::clean_once(&cleanup, &settings.retention)
+        .await
+        .map_err(failure::db("cleanup"))?;
+    match settings.retention.published {
+        Retention::Keep(age) => println!(
+            "deleted {events} published event(s) older than {}",
+            humantime::format_duration(age)
+        ),
+        Retention::Delete => println!(
+            "retention.published = \"delete\": published events are deleted when published; none to clean"
+        ),
+    }
+    match settings.retention.inbox {
+        Some(age) => println!(
+            "deleted {inbox} inbox record(s) older than {}",
+            humantime::format_duration(age)
+        ),
+        None => println!("retention.inbox not set: inbox records kept"),
+    }
+    pool.close().await;
+    Ok(())
+}
+
+/// Which dead letters, from the command line.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct FilterArgs {
+    /// Only this event type.
+    #[arg(long)]
+    event_type: Option<String>,
+    /// Only this aggregate type.
+    #[arg(long)]
+    aggregate_type: Option<String>,
+    /// Only this aggregate id.
+    #[arg(long)]
+    aggregate_id: Option<String>,
+    /// Only dead letters older than this (dead-lettered that long ago): 10m, 2h, 7d.
+    #[arg(long, value_parser = crate::config::parse_duration)]
+    older_than: Option<Duration>,
+    /// Only this event id; repeat for several.
+    #[arg(long = "id", value_name = "EVENT_ID")]
+    ids: Vec<Uuid>,
+}
+
+impl FilterArgs {
+    fn filter(&self) -> DeadLetterFilter {
+        DeadLetterFilter {
+            event_type: self.event_type.clone(),
+            aggregate_type: self.aggregate_type.clone(),
+            aggregate_id: self.aggregate_id.clone(),
+            older_than: self.older_than,
+            ids: (!self.ids.is_empty()).then(|| self.ids.clone()),
+        }
+    }
+}
+
+/// `outbox dead-letters ...`.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum DeadLettersCommand {
+    /// List dead letters, oldest first.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Show at most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one dead letter with its payload, headers and last error.
+    Show {
+        /// The event id.
+        id: Uuid,
+        /// As one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make dead letters publishable again (attempts reset, due now).
+    Retry {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Print what would be retried; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short)]
+        yes: bool,
+    },
+    /// Delete dead letters for good.
+    Purge {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Print what would be deleted; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short)]
+        yes: bool,
+    },
+}
+
+/// Run a `dead-letters` subcommand.
+pub(crate) async fn dead_letters(
+    settings: &Settings,
+    command: DeadLettersCommand,
+) -> Result<(), Failure> {
+    let pool = connect_migrated(settings).await?;
+    let store = PgStore::new(pool.clone(), settings.tables.clone());
+    let admin = DeadLetters::new(pool.clone(), store.outbox());
+    let result = match command {
+        DeadLettersCommand::List {
+            filter,
+            limit,
+            json,
+        } => list(&admin, &filter.filter(), limit, json).await,
+        DeadLettersCommand::Show { id, json } => show(&admin, id, json).await,
+        DeadLettersCommand::Retry {
+            filter,
+            dry_run,
+            yes,
+        } => change(&admin, &filter.filter(), Change::Retry, dry_run, yes).await,
+        DeadLettersCommand::Purge {
+            filter,
+            dry_run,
+            yes,
+        } => change(&admin, &filter.filter(), Change::Purge, dry_run, yes).await,
+    };
+    pool.close().await;
+    result
+}
+
+async fn list(
+    admin: &DeadLetters,
+    filter: &DeadLetterFilter,
+    limit: u32,
+    as_json: bool,
+) -> Result<(), Failure> {
+    let total = admin
+        .count(filter)
+        .await
+        .map_err(failure::db("dead letters"))?;
+    let letters = admin
+        .list(filter, limit)
+        .await
+        .map_err(failure::db("dead letters"))?;
+    if as_json {
+        for letter in &letters {
+            println!("{}", to_json(letter));
+        }
+        return Ok(());
+    }
+    print_table(&letters);
+    if total > letters.len() as u64 {
+        println!(
+            "({} of {total} shown; use --limit or filters)",
+            letters.len()
+        );
+    } else {
+        println!("({total} dead letter(s))");
+    }
+    Ok(())
+}
+
+async fn show(admin: &DeadLetters, id: Uuid, as_json: bool) -> Result<(), Failure> {
+    let letter = admin
+        .show(id)
+        .await
+        .map_err(failure::db("dead letters"))?
+        .ok_or_else(|| Failure::runtime(format!("no dead letter with id {id}")))?;
+    if as_json {
+        println!("{}", to_json(&letter));
+        return Ok(());
+    }
+    let e = &letter.event;
+    println!("id              {}", e.id);
+    println!("event type      {}", e.event_type);
+    println!("aggregate       {} {}", e.aggregate_type, e.aggregate_id);
+    println!("created at      {}", e.created_at.to_rfc3339());
+    println!("dead at         {}", letter.dead_at.to_rfc3339());
+    println!("attempts        {}", e.attempts);
+    if let Some(destination) = &e.destination {
+        println!("destination     {destination}");
+    }
+    println!(
+        "last error      {}",
+        letter.last_error.as_deref().unwrap_or("-")
+    );
+    println!(
+        "headers         {}",
+        serde_json::to_string(&e.headers).unwrap_or_default()
+    );
+    println!("payload         {}", e.payload.get());
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Change {
+    Retry,
+    Purge,
+}
+
+async fn change(
+    admin: &DeadLetters,
+    filter: &DeadLetterFilter,
+    change: Change,
+    dry_run: bool,
+    yes: bool,
+) -> Result<(), Failure> {
+    let (verb, done) = match change {
+        Change::Retry => ("retry", "retried (publishable again)"),
+        Change::Purge => ("purge", "purged (deleted)"),
+    };
+    let n = admin
+        .count(filter)
+        .await
+        .map_err(failure::db("dead letters"))?;
+    if n == 0 {
+        println!("no dead letters match; nothing to {verb}");
+        return Ok(());
+    }
+    let preview = admin
+        .list(filter, PREVIEW)
+        .await
+        .map_err(failure::db("dead letters"))?;
+    if dry_run {
+        print_table(&preview);
+        if n > preview.len() as u64 {
+            println!("... and {} more", n - preview.len() as u64);
+        }
+        println!("dry run: would {verb} {n} dead letter(s); nothing changed");
+        return Ok(());
+    }
+    if !yes {
+        print_table(&preview);
+        if n > preview.len() as u64 {
+            println!("... and {} more", n - preview.len() as u64);
+        }
+        confirm(&format!("{verb} {n} dead letter(s)?"))?;
+    }
+    let affected = match change {
+        Change::Retry => admin.retry(filter).await,
+        Change::Purge => admin.purge(filter).await,
+    }
+    .map_err(failure::db(verb))?;
+    println!("{affected} dead letter(s) {done}");
+    Ok(())
+}
+
+/// Ask on the terminal; refuse when there is none to ask on.
+fn confirm(question: &str) -> Result<(), Failure> {
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Failure::config(format!(
+            "refusing to {} without confirmation: standard input is not a terminal; pass --yes (or --dry-run to only look)",
+            question.trim_end_matches('?')
+        )));
+    }
+    eprint!("{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    stdin
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Failure::runtime(format!("reading the answer: {e}")))?;
+    match answer.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => Ok(()),
+        _ => Err(Failure::runtime("not confirmed; nothing changed")),
+    }
+}
+
+fn print_table(letters: &[DeadLetter]) {
+    println!(
+        "{:<36}  {:<24}  {:<28}  {:>8}  {:<20}  LAST ERROR",
+        "ID", "EVENT TYPE", "AGGREGATE", "ATTEMPTS", "DEAD AT"
+    );
+    for l in letters {
+        let e = &l.event;
+        println!(
+            "{:<36}  {:<24}  {:<28}  {:>8}  {:<20}  {}",
+            e.id,
+            clip(&e.event_type, 24),
+            clip(&format!("{}/{}", e.aggregate_type, e.aggregate_id), 28),
+            e.attempts,
+            l.dead_at.format("%Y-%m-%d %H:%M:%S"),
+            clip(l.last_error.as_deref().unwrap_or("-"), 80)
+        );
+    }
+}
+
+/// At most `max` characters, with `…` when cut; newlines flattened.
+fn clip(text: &str, max: usize) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= max {
+        return flat;
+    }
+    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+fn to_json(letter: &DeadLetter) -> serde_json::Value {
+    let e = &letter.event;
+    let payload: serde_json::Value =
+        serde_json::from_str(e.payload.get()).unwrap_or(serde_json::Value::Null);
+    json!({
+        "id": e.id,
+        "aggregate_type": e.aggregate_type,
+        "aggregate_id": e.aggregate_id,
+        "event_type": e.event_type,
+        "attempts": e.attempts,
+        "created_at": e.created_at,
+        "dead_at": letter.dead_at,
+        "destination": e.destination,
+        "last_error": letter.last_error,
+        "headers": e.headers,
+        "payload": payload,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clip;
+
+    #[test]
+    fn clip_cuts_and_flattens() {
+        assert_eq!(clip("abc", 5), "abc");
+        assert_eq!(clip("abcdef", 4), "abc…");
+        assert_eq!(clip("a\nb", 5), "a b");
+    }
+}

@@ -1,0 +1,304 @@
+//! The broker the relay publishes to, chosen by `broker.kind` / `OUTBOX_BROKER`.
+//!
+//! Each adapter reads its own `OUTBOX_<BROKER>_*` variables (`from_env`); keys of the
+//! `[broker.<kind>]` section are the defaults of those variables, so the environment
+//! wins over the file as everywhere else. Routing rules come from `[routing]`.
+
+use outbox_core::{Event, Outcome, PublishError, Publisher, StdoutPublisher};
+
+use crate::config::{BrokerSection, RoutingSection, Settings};
+use crate::failure::Failure;
+
+/// Every broker name, compiled in or not.
+const KNOWN: &[&str] = &["stdout", "nats", "amqp", "kafka", "sqs"];
+
+/// A broker configuration read and checked, not connected yet.
+pub(crate) enum Spec {
+    Stdout,
+    #[cfg(feature = "nats")]
+    Nats(outbox_nats::NatsConfig, Option<String>),
+    #[cfg(feature = "amqp")]
+    Amqp(outbox_amqp::AmqpConfig),
+    #[cfg(feature = "kafka")]
+    Kafka(outbox_kafka::KafkaConfig),
+    #[cfg(feature = "sqs")]
+    Sqs(outbox_sqs::SqsConfig),
+}
+
+/// The publisher of whichever broker is configured.
+pub(crate) enum AnyPublisher {
+    Stdout(StdoutPublisher),
+    #[cfg(feature = "nats")]
+    Nats(outbox_nats::NatsPublisher),
+    #[cfg(feature = "amqp")]
+    Amqp(outbox_amqp::AmqpPublisher),
+    #[cfg(feature = "kafka")]
+    Kafka(outbox_kafka::KafkaPublisher),
+    #[cfg(feature = "sqs")]
+    Sqs(outbox_sqs::SqsPublisher),
+}
+
+impl Publisher for AnyPublisher {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        match self {
+            Self::Stdout(p) => p.publish(events).await,
+            #[cfg(feature = "nats")]
+            Self::Nats(p) => p.publish(events).await,
+            #[cfg(feature = "amqp")]
+            Self::Amqp(p) => p.publish(events).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(p) => p.publish(events).await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(p) => p.publish(events).await,
+        }
+    }
+
+    async fn check(&self) -> Result<(), PublishError> {
+        match self {
+            Self::Stdout(p) => p.check().await,
+            #[cfg(feature = "nats")]
+            Self::Nats(p) => p.check().await,
+            #[cfg(feature = "amqp")]
+            Self::Amqp(p) => p.check().await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(p) => p.check().await,
+            #[cfg(feature = "sqs")]
+            Self::Sqs(p) => p.check().await,
+        }
+    }
+}
+
+/// The broker names compiled into this binary.
+pub(crate) fn compiled() -> Vec<&'static str> {
+    let mut names = vec!["stdout"];
+    if cfg!(feature = "nats") {
+        names.push("nats");
+    }
+    if cfg!(feature = "amqp") {
+        names.push("amqp");
+    }
+    if cfg!(feature = "kafka") {
+        names.push("kafka");
+    }
+    if cfg!(feature = "sqs") {
+        names.push("sqs");
+    }
+    names
+}
+
+impl Spec {
+    /// Read the broker's configuration. Call before any thread is started: the file's
+    /// `[broker.<kind>]` keys become defaults of the adapter's environment variables.
+    pub(crate) fn read(settings: &Settings) -> Result<Self, Failure> {
+        let kind = settings.broker.kind.trim();
+        if !KNOWN.contains(&kind) {
+            return Err(Failure::config(format!(
+                "unknown broker `{kind}` (broker.kind or OUTBOX_BROKER): expected one of {}",
+                KNOWN.join(", ")
+            )));
+        }
+        if !compiled().contains(&kind) {
+            return Err(Failure::config(format!(
+                "broker `{kind}` is not compiled into this binary (brokers built in: {}); \
+                 rebuild with `cargo build -p outbox-relay --features {kind}`",
+                compiled().join(", ")
+            )));
+        }
+        read_kind(kind, &settings.broker, &settings.routing)
+    }
+
+    /// The broker's name, for logs.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Stdout => "stdout",
+            #[cfg(feature = "nats")]
+            Self::Nats(..) => "nats",
+            #[cfg(feature = "amqp")]
+            Self::Amqp(..) => "amqp",
+            #[cfg(feature = "kafka")]
+            Self::Kafka(..) => "kafka",
+            #[cfg(feature = "sqs")]
+            Self::Sqs(..) => "sqs",
+        }
+    }
+
+    /// Create the publisher. Adapters connect lazily, so a relay can start while its
+    /// broker is down; `/readyz` tells when it is reachable.
+    pub(crate) async fn build(self) -> Result<AnyPublisher, Failure> {
+        Ok(match self {
+            Self::Stdout => AnyPublisher::Stdout(StdoutPublisher),
+            #[cfg(feature = "nats")]
+            Self::Nats(config, stream) => {
+                let publisher = config.build().await.map_err(invalid)?;
+                if let Some(name) = stream {
+                    let stream_config = publisher.stream_config(&name);
+                    publisher
+                        .ensure_stream(stream_config)
+                        .await
+                        .map_err(|e| Failure::runtime(format!("broker: {e}")))?;
+                }
+                AnyPublisher::Nats(publisher)
+            }
+            #[cfg(feature = "amqp")]
+            Self::Amqp(config) => AnyPublisher::Amqp(config.build().map_err(invalid)?),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(config) => AnyPublisher::Kafka(config.build().map_err(invalid)?),
+            #[cfg(feature = "sqs")]
+            Self::Sqs(config) => AnyPublisher::Sqs(config.build().await.map_err(invalid)?),
+        })
+    }
+}
+
+/// A broker setting the adapter refused.
+#[cfg_attr(
+    not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
+    allow(dead_code)
+)]
+fn invalid(e: impl std::fmt::Display) -> Failure {
+    Failure::config(format!("broker: {e}"))
+}
+
+/// Set `name` to `value` unless the environment already has it: the file gives
+/// defaults, the environment wins.
+#[cfg_attr(
+    not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
+    allow(dead_code)
+)]
+fn default_env(name: &str, value: Option<String>) {
+    let set = std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    if let (false, Some(value)) = (set, value) {
+        // Only called from `main` before the runtime (and any other thread) starts.
+        std::env::set_var(name, value);
+    }
+}
+
+#[cfg_attr(
+    not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
+    allow(dead_code)
+)]
+fn millis(d: Option<crate::config::Dur>) -> Option<String> {
+    d.map(|d| d.0.as_millis().to_string())
+}
+
+#[cfg_attr(
+    not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
+    allow(unused_variables)
+)]
+fn read_kind(
+    kind: &str,
+    broker: &BrokerSection,
+    routing: &RoutingSection,
+) -> Result<Spec, Failure> {
+    let bad = |e: &dyn std::fmt::Display| Failure::config(format!("broker {kind}: {e}"));
+    match kind {
+        #[cfg(feature = "nats")]
+        "nats" => {
+            let file = &broker.nats;
+            default_env("OUTBOX_NATS_URL", file.url.clone());
+            default_env("OUTBOX_NATS_SUBJECT_PREFIX", file.subject_prefix.clone());
+            default_env("OUTBOX_NATS_TIMEOUT_MS", millis(file.timeout));
+            default_env(
+                "OUTBOX_NATS_MAX_IN_FLIGHT",
+                file.max_in_flight.map(|n| n.to_string()),
+            );
+            default_env("OUTBOX_NATS_CLIENT_NAME", file.client_name.clone());
+            default_env("OUTBOX_NATS_USER", file.user.clone());
+            default_env("OUTBOX_NATS_PASSWORD", file.password.clone());
+            default_env("OUTBOX_NATS_TOKEN", file.token.clone());
+            let config = outbox_nats::NatsConfig::from_env().map_err(|e| bad(&e))?;
+            let mut rules = outbox_nats::SubjectRouting::new(config.routing.prefix());
+            for (event_type, subject) in &routing.event_type {
+                rules = rules.event_type(event_type, subject);
+            }
+            for (aggregate_type, subject) in &routing.aggregate_type {
+                rules = rules.aggregate_type(aggregate_type, subject);
+            }
+            let config = config.routing(rules);
+            config.validate().map_err(|e| bad(&e))?;
+            Ok(Spec::Nats(config, file.ensure_stream.clone()))
+        }
+        #[cfg(feature = "amqp")]
+        "amqp" => {
+            let file = &broker.amqp;
+            default_env("OUTBOX_AMQP_URL", file.url.clone());
+            default_env("OUTBOX_AMQP_EXCHANGE", file.exchange.clone());
+            default_env("OUTBOX_AMQP_TIMEOUT_MS", millis(file.timeout));
+            default_env("OUTBOX_AMQP_CONNECTION_NAME", file.connection_name.clone());
+            let config = outbox_amqp::AmqpConfig::from_env().map_err(|e| bad(&e))?;
+            let exchange = config.routing.exchange().to_string();
+            let mut rules = outbox_amqp::AmqpRouting::new(exchange.clone());
+            // A destination is `exchange/routing_key`, or a routing key on the default exchange.
+            let split = |dest: &str| match dest.split_once('/') {
+                Some((ex, key)) => (ex.to_string(), key.to_string()),
+                None => (exchange.clone(), dest.to_string()),
+            };
+            for (event_type, dest) in &routing.event_type {
+                let (ex, key) = split(dest);
+                rules = rules.event_type(event_type, ex, key);
+            }
+            for (aggregate_type, dest) in &routing.aggregate_type {
+                let (ex, key) = split(dest);
+                rules = rules.aggregate_type(aggregate_type, ex, key);
+            }
+            let config = config.routing(rules);
+            config.validate().map_err(|e| bad(&e))?;
+            Ok(Spec::Amqp(config))
+        }
+        #[cfg(feature = "kafka")]
+        "kafka" => {
+            use outbox_kafka::{
+                ENV_BROKERS, ENV_DELIVERY_TIMEOUT_MS, ENV_QUEUE_TIMEOUT_MS, ENV_RDKAFKA_PREFIX,
+                ENV_TOPIC, ENV_TOPIC_PREFIX,
+            };
+            let file = &broker.kafka;
+            default_env(ENV_BROKERS, file.brokers.clone());
+            default_env(ENV_TOPIC_PREFIX, file.topic_prefix.clone());
+            default_env(ENV_TOPIC, file.topic.clone());
+            default_env(ENV_DELIVERY_TIMEOUT_MS, millis(file.delivery_timeout));
+            default_env(ENV_QUEUE_TIMEOUT_MS, millis(file.queue_timeout));
+            let mut config = outbox_kafka::KafkaConfig::from_env().map_err(|e| bad(&e))?;
+            for (key, value) in &file.properties {
+                let var = format!(
+                    "{ENV_RDKAFKA_PREFIX}{}",
+                    key.to_ascii_uppercase().replace('.', "_")
+                );
+                if std::env::var(&var).is_err() {
+                    config = config.set(key, value);
+                }
+            }
+            for (event_type, topic) in &routing.event_type {
+                config = config.route_event_type(event_type, topic);
+            }
+            for (aggregate_type, topic) in &routing.aggregate_type {
+                config = config.route_aggregate_type(aggregate_type, topic);
+            }
+            Ok(Spec::Kafka(config))
+        }
+        #[cfg(feature = "sqs")]
+        "sqs" => {
+            use outbox_sqs::{
+                ENV_ENDPOINT, ENV_QUEUE, ENV_QUEUE_PREFIX, ENV_REGION, ENV_TIMEOUT_MS,
+            };
+            let file = &broker.sqs;
+            default_env(ENV_QUEUE, file.queue.clone());
+            default_env(ENV_QUEUE_PREFIX, file.queue_prefix.clone());
+            default_env(ENV_ENDPOINT, file.endpoint.clone());
+            default_env(ENV_REGION, file.region.clone());
+            default_env(ENV_TIMEOUT_MS, millis(file.timeout));
+            let mut config = outbox_sqs::SqsConfig::from_env().map_err(|e| bad(&e))?;
+            for (event_type, queue) in &routing.event_type {
+                config = config.route_event_type(event_type, queue);
+            }
+            for (aggregate_type, queue) in &routing.aggregate_type {
+                config = config.route_aggregate_type(aggregate_type, queue);
+            }
+            Ok(Spec::Sqs(config))
+        }
+        _ => {
+            if !routing.event_type.is_empty() || !routing.aggregate_type.is_empty() {
+                tracing::warn!("broker stdout: [routing] rules are ignored");
+            }
+            Ok(Spec::Stdout)
+        }
+    }
+}

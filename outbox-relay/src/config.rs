@@ -1,0 +1,718 @@
+//! The configuration: a TOML file, overridden by `OUTBOX_*` environment variables,
+//! validated into the settings the commands use.
+//!
+//! Unknown keys are errors, so a misspelt setting never silently keeps its default.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use outbox_core::{RelayConfig, RetryPolicy};
+use outbox_postgres::{AfterDeadLetter, Retention, StoreConfig, Tables, Wakeup};
+use serde::{Deserialize, Deserializer};
+
+use crate::failure::Failure;
+
+/// A duration written like `100ms`, `30s`, `5m`, `2h` or `7d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dur(pub(crate) Duration);
+
+impl Dur {
+    const fn secs(s: u64) -> Self {
+        Self(Duration::from_secs(s))
+    }
+}
+
+impl fmt::Display for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+/// Parse `10m`, `2h`, `1h 30m`, `500ms`; `0` is zero.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("invalid duration `{text}` ({e}); write e.g. 500ms, 30s, 10m, 2h, 7d"))
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse_duration(&text)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// What happens to published rows: `"delete"`, or a duration to keep them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PublishedRetention(pub(crate) Retention);
+
+impl PublishedRetention {
+    fn parse(text: &str) -> Result<Self, String> {
+        if text.trim() == "delete" {
+            return Ok(Self(Retention::Delete));
+        }
+        parse_duration(text)
+            .map(|d| Self(Retention::Keep(d)))
+            .map_err(|_| format!("invalid retention `{text}`: expected \"delete\" or a duration to keep published rows, e.g. \"7d\""))
+    }
+}
+
+impl<'de> Deserialize<'de> for PublishedRetention {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The whole file. Every section and key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct FileConfig {
+    pub(crate) database: DatabaseSection,
+    pub(crate) tables: TablesSection,
+    pub(crate) relay: RelaySection,
+    pub(crate) retry: RetrySection,
+    pub(crate) retention: RetentionSection,
+    pub(crate) http: HttpSection,
+    pub(crate) broker: BrokerSection,
+    pub(crate) routing: RoutingSection,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct DatabaseSection {
+    pub(crate) url: Option<String>,
+    pub(crate) max_connections: Option<u32>,
+    pub(crate) connect_timeout: Dur,
+    pub(crate) claim_timeout: Dur,
+    pub(crate) pgbouncer: bool,
+}
+
+impl Default for DatabaseSection {
+    fn default() -> Self {
+        Self {
+            url: None,
+            max_connections: None,
+            connect_timeout: Dur::secs(10),
+            claim_timeout: Dur::secs(120),
+            pgbouncer: false,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct TablesSection {
+    pub(crate) schema: String,
+    pub(crate) events_table: String,
+    pub(crate) inbox_table: String,
+}
+
+impl Default for TablesSection {
+    fn default() -> Self {
+        Self {
+            schema: "public".into(),
+            events_table: "outbox_events".into(),
+            inbox_table: "processed_events".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum AfterDead {
+    Release,
+    Block,
+}
+
+/// How an idle relay learns of new events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum WakeupMode {
+    /// Poll fast right after traffic, back off to `poll_interval` when idle.
+    Adaptive,
+    /// Poll every `poll_interval`.
+    Poll,
+    /// LISTEN/NOTIFY (needs the trigger `outbox migrate` installs in this mode).
+    Notify,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RelaySection {
+    pub(crate) batch_size: usize,
+    pub(crate) workers: usize,
+    pub(crate) poll_interval: Dur,
+    pub(crate) publish_timeout: Dur,
+    pub(crate) ordering: bool,
+    pub(crate) after_dead_letter: AfterDead,
+    pub(crate) pending_refresh: Dur,
+    pub(crate) error_backoff: Dur,
+    pub(crate) shutdown_timeout: Dur,
+    pub(crate) wakeup: WakeupMode,
+    pub(crate) notify_url: Option<String>,
+    pub(crate) synchronous_commit: bool,
+}
+
+impl Default for RelaySection {
+    fn default() -> Self {
+        let core = RelayConfig::default();
+        Self {
+            batch_size: core.batch_size,
+            workers: core.workers,
+            poll_interval: Dur(core.poll_interval),
+            publish_timeout: Dur(core.publish_timeout),
+            ordering: true,
+            after_dead_letter: AfterDead::Release,
+            pending_refresh: Dur(core.pending_refresh),
+            error_backoff: Dur(core.error_backoff),
+            shutdown_timeout: Dur::secs(30),
+            wakeup: WakeupMode::Adaptive,
+            notify_url: None,
+            synchronous_commit: StoreConfig::default().synchronous_commit,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RetrySection {
+    pub(crate) max_attempts: u32,
+    pub(crate) base_delay: Dur,
+    pub(crate) max_delay: Dur,
+}
+
+impl Default for RetrySection {
+    fn default() -> Self {
+        let p = RetryPolicy::default();
+        Self {
+            max_attempts: p.max_attempts,
+            base_delay: Dur(p.base_delay),
+            max_delay: Dur(p.max_delay),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RetentionSection {
+    pub(crate) published: PublishedRetention,
+    pub(crate) cleanup_interval: Dur,
+    pub(crate) cleanup_batch_size: u32,
+    pub(crate) inbox: Option<Dur>,
+}
+
+impl Default for RetentionSection {
+    fn default() -> Self {
+        Self {
+            published: PublishedRetention(Retention::Delete),
+            cleanup_interval: Dur::secs(300),
+            cleanup_batch_size: 1000,
+            inbox: None,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct HttpSection {
+    pub(crate) listen: String,
+    pub(crate) stats_refresh: Dur,
+    pub(crate) check_timeout: Dur,
+}
+
+impl Default for HttpSection {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9187".into(),
+            stats_refresh: Dur::secs(15),
+            check_timeout: Dur::secs(2),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct BrokerSection {
+    pub(crate) kind: String,
+    pub(crate) nats: NatsSection,
+    pub(crate) amqp: AmqpSection,
+    pub(crate) kafka: KafkaSection,
+    pub(crate) sqs: SqsSection,
+}
+
+impl Default for BrokerSection {
+    fn default() -> Self {
+        Self {
+            kind: "stdout".into(),
+            nats: NatsSection::default(),
+            amqp: AmqpSection::default(),
+            kafka: KafkaSection::default(),
+            sqs: SqsSection::default(),
+        }
+    }
+}
+
+/// `[broker.nats]`; each key is the default of an `OUTBOX_NATS_*` variable.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct NatsSection {
+    pub(crate) url: Option<String>,
+    pub(crate) subject_prefix: Option<String>,
+    pub(crate) timeout: Option<Dur>,
+    pub(crate) max_in_flight: Option<usize>,
+    pub(crate) client_name: Option<String>,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) token: Option<String>,
+    /// Create (or update) a JetStream stream with this name covering the subjects.
+    pub(crate) ensure_stream: Option<String>,
+}
+
+/// `[broker.amqp]`; each key is the default of an `OUTBOX_AMQP_*` variable.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct AmqpSection {
+    pub(crate) url: Option<String>,
+    pub(crate) exchange: Option<String>,
+    pub(crate) timeout: Option<Dur>,
+    pub(crate) connection_name: Option<String>,
+}
+
+/// `[broker.kafka]`; each key is the default of an `OUTBOX_KAFKA_*` variable.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct KafkaSection {
+    pub(crate) brokers: Option<String>,
+    pub(crate) topic_prefix: Option<String>,
+    pub(crate) topic: Option<String>,
+    pub(crate) delivery_timeout: Option<Dur>,
+    pub(crate) queue_timeout: Option<Dur>,
+    /// librdkafka properties, e.g. `"security.protocol" = "SASL_SSL"`.
+    pub(crate) properties: BTreeMap<String, String>,
+}
+
+/// `[broker.sqs]`; each key is the default of an `OUTBOX_SQS_*` variable.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct SqsSection {
+    pub(crate) queue: Option<String>,
+    pub(crate) queue_prefix: Option<String>,
+    pub(crate) endpoint: Option<String>,
+    pub(crate) region: Option<String>,
+    pub(crate) timeout: Option<Dur>,
+}
+
+/// `[routing]`: destination by event type, then by aggregate type; an event's own
+/// `destination` wins over both.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RoutingSection {
+    pub(crate) event_type: BTreeMap<String, String>,
+    pub(crate) aggregate_type: BTreeMap<String, String>,
+}
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub(crate) struct DatabaseSettings {
+    pub(crate) url: String,
+    pub(crate) max_connections: u32,
+    pub(crate) connect_timeout: Duration,
+    /// `idle_in_transaction_session_timeout` of relay connections; `None` leaves the server's.
+    pub(crate) claim_timeout: Option<Duration>,
+    pub(crate) pgbouncer: bool,
+}
+
+/// Retention as the commands use it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RetentionSettings {
+    pub(crate) published: Retention,
+    pub(crate) cleanup_interval: Duration,
+    pub(crate) cleanup_batch_size: u32,
+    pub(crate) inbox: Option<Duration>,
+}
+
+/// Everything validated.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    database: Option<DatabaseSettings>,
+    database_error: String,
+    pub(crate) tables: Tables,
+    pub(crate) relay: RelayConfig,
+    pub(crate) store: StoreConfig,
+    pub(crate) wakeup: Wakeup,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) retention: RetentionSettings,
+    pub(crate) listen: Option<SocketAddr>,
+    pub(crate) stats_refresh: Duration,
+    pub(crate) check_timeout: Duration,
+    pub(crate) broker: BrokerSection,
+    pub(crate) routing: RoutingSection,
+}
+
+impl Settings {
+    /// The database settings, or the error explaining that no URL was given.
+    pub(crate) fn database(&self) -> Result<&DatabaseSettings, Failure> {
+        self.database
+            .as_ref()
+            .ok_or_else(|| Failure::config(self.database_error.clone()))
+    }
+}
+
+/// Read `path` (if any), apply the environment, validate.
+pub(crate) fn load(path: Option<&Path>) -> Result<Settings, Failure> {
+    let file = match path {
+        Some(path) => parse_file(path)?,
+        None => FileConfig::default(),
+    };
+    let mut file = file;
+    apply_env(&mut file, |name| std::env::var(name).ok()).map_err(Failure::config)?;
+    validate(file)
+}
+
+fn parse_file(path: &Path) -> Result<FileConfig, Failure> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::config(format!("cannot read config file {}: {e}", path.display())))?;
+    parse_str(&text).map_err(|e| Failure::config(format!("config file {}{e}", path.display())))
+}
+
+/// Parse TOML text; the error is `, line N: message` (one line, for the prefix above).
+pub(crate) fn parse_str(text: &str) -> Result<FileConfig, String> {
+    toml::from_str(text).map_err(|e: toml::de::Error| {
+        let line = e
+            .span()
+            .map(|span| {
+                let start = span.start.min(text.len());
+                format!(
+                    ", line {}",
+                    text.as_bytes()[..start]
+                        .iter()
+                        .filter(|b| **b == b'\n')
+                        .count()
+                        + 1
+                )
+            })
+            .unwrap_or_default();
+        let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+        format!("{line}: {message}")
+    })
+}
+
+/// Environment variables that override the file, and what they set.
+pub(crate) const ENV_VARS: &[(&str, &str)] = &[
+    ("OUTBOX_DATABASE_URL", "database.url"),
+    (
+        "OUTBOX_DATABASE_MAX_CONNECTIONS",
+        "database.max_connections",
+    ),
+    ("OUTBOX_SCHEMA", "tables.schema"),
+    ("OUTBOX_EVENTS_TABLE", "tables.events_table"),
+    ("OUTBOX_INBOX_TABLE", "tables.inbox_table"),
+    ("OUTBOX_BROKER", "broker.kind"),
+    ("OUTBOX_BATCH_SIZE", "relay.batch_size"),
+    ("OUTBOX_WORKERS", "relay.workers"),
+    ("OUTBOX_POLL_INTERVAL", "relay.poll_interval"),
+    ("OUTBOX_PUBLISH_TIMEOUT", "relay.publish_timeout"),
+    ("OUTBOX_ORDERING", "relay.ordering"),
+    ("OUTBOX_SHUTDOWN_TIMEOUT", "relay.shutdown_timeout"),
+    ("OUTBOX_WAKEUP", "relay.wakeup"),
+    ("OUTBOX_MAX_ATTEMPTS", "retry.max_attempts"),
+    ("OUTBOX_RETENTION", "retention.published"),
+    ("OUTBOX_HTTP_LISTEN", "http.listen"),
+];
+
+/// Apply every `OUTBOX_*` override that is set and not empty.
+pub(crate) fn apply_env(
+    file: &mut FileConfig,
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<(), String> {
+    for (name, _) in ENV_VARS {
+        let Some(value) = var(name).filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        let bad = |reason: String| format!("environment variable {name}=`{value}`: {reason}");
+        let number = |v: &str| v.trim().parse::<u64>().map_err(|e| bad(e.to_string()));
+        let duration = |v: &str| parse_duration(v).map(Dur).map_err(&bad);
+        match *name {
+            "OUTBOX_DATABASE_URL" => file.database.url = Some(value.clone()),
+            "OUTBOX_DATABASE_MAX_CONNECTIONS" => {
+                file.database.max_connections =
+                    Some(u32::try_from(number(&value)?).map_err(|e| bad(e.to_string()))?);
+            }
+            "OUTBOX_SCHEMA" => file.tables.schema = value.clone(),
+            "OUTBOX_EVENTS_TABLE" => file.tables.events_table = value.clone(),
+            "OUTBOX_INBOX_TABLE" => file.tables.inbox_table = value.clone(),
+            "OUTBOX_BROKER" => file.broker.kind = value.trim().to_string(),
+            "OUTBOX_BATCH_SIZE" => {
+                file.relay.batch_size =
+                    usize::try_from(number(&value)?).map_err(|e| bad(e.to_string()))?;
+            }
+            "OUTBOX_WORKERS" => {
+                file.relay.workers =
+                    usize::try_from(number(&value)?).map_err(|e| bad(e.to_string()))?;
+            }
+            "OUTBOX_POLL_INTERVAL" => file.relay.poll_interval = duration(&value)?,
+            "OUTBOX_PUBLISH_TIMEOUT" => file.relay.publish_timeout = duration(&value)?,
+            "OUTBOX_SHUTDOWN_TIMEOUT" => file.relay.shutdown_timeout = duration(&value)?,
+            "OUTBOX_ORDERING" => {
+                file.relay.ordering = match value.trim() {
+                    "true" | "1" | "on" | "yes" => true,
+                    "false" | "0" | "off" | "no" => false,
+                    _ => return Err(bad("expected true or false".into())),
+                };
+            }
+            "OUTBOX_WAKEUP" => {
+                file.relay.wakeup = match value.trim() {
+                    "adaptive" => WakeupMode::Adaptive,
+                    "poll" => WakeupMode::Poll,
+                    "notify" => WakeupMode::Notify,
+                    _ => return Err(bad("expected adaptive, poll or notify".into())),
+                };
+            }
+            "OUTBOX_MAX_ATTEMPTS" => {
+                file.retry.max_attempts =
+                    u32::try_from(number(&value)?).map_err(|e| bad(e.to_string()))?;
+            }
+            "OUTBOX_RETENTION" => {
+                file.retention.published = PublishedRetention::parse(&value).map_err(&bad)?;
+            }
+            "OUTBOX_HTTP_LISTEN" => file.http.listen = value.trim().to_string(),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn validate(file: FileConfig) -> Result<Settings, Failure> {
+    let config = |m: String| Failure::config(m);
+    let tables = Tables::in_schema(&file.tables.schema)
+        .and_then(|t| t.with_events_table(&file.tables.events_table))
+        .and_then(|t| t.with_inbox_table(&file.tables.inbox_table))
+        .map_err(|e| config(format!("tables: {e}")))?;
+
+    let r = &file.relay;
+    if r.batch_size == 0 || r.batch_size > 10_000 {
+        return Err(config(format!(
+            "relay.batch_size = {}: must be between 1 and 10000",
+            r.batch_size
+        )));
+    }
+    if r.workers == 0 || r.workers > 64 {
+        return Err(config(format!(
+            "relay.workers = {}: must be between 1 and 64",
+            r.workers
+        )));
+    }
+    for (key, d) in [
+        ("relay.poll_interval", r.poll_interval),
+        ("relay.publish_timeout", r.publish_timeout),
+        ("relay.pending_refresh", r.pending_refresh),
+        ("relay.shutdown_timeout", r.shutdown_timeout),
+        (
+            "retention.cleanup_interval",
+            file.retention.cleanup_interval,
+        ),
+        ("http.stats_refresh", file.http.stats_refresh),
+        ("http.check_timeout", file.http.check_timeout),
+        ("database.connect_timeout", file.database.connect_timeout),
+    ] {
+        if d.0.is_zero() {
+            return Err(config(format!("{key}: must be greater than zero")));
+        }
+    }
+    let retry = &file.retry;
+    if retry.max_attempts == 0 {
+        return Err(config("retry.max_attempts: must be at least 1".into()));
+    }
+    if retry.base_delay.0 > retry.max_delay.0 {
+        return Err(config(format!(
+            "retry.base_delay ({}) is larger than retry.max_delay ({})",
+            retry.base_delay, retry.max_delay
+        )));
+    }
+    let claim_timeout = (!file.database.claim_timeout.0.is_zero() && !file.database.pgbouncer)
+        .then_some(file.database.claim_timeout.0);
+    if let Some(claim) = claim_timeout {
+        if claim <= r.publish_timeout.0 {
+            return Err(config(format!(
+                "database.claim_timeout ({}) must be longer than relay.publish_timeout ({}), \
+                 or a slow batch loses its claim",
+                file.database.claim_timeout, r.publish_timeout
+            )));
+        }
+    }
+
+    let listen = match file.http.listen.trim() {
+        "" | "0" | "off" | "false" => None,
+        text => Some(text.parse::<SocketAddr>().map_err(|e| {
+            config(format!(
+                "http.listen = `{text}`: {e} (write host:port, e.g. 127.0.0.1:9187, or \"0\" to disable)"
+            ))
+        })?),
+    };
+
+    let workers = u32::try_from(r.workers).unwrap_or(64);
+    let (database, database_error) = match file.database.url.as_deref().map(str::trim) {
+        Some(url) if !url.is_empty() => {
+            let max_connections = file.database.max_connections.unwrap_or(workers + 3);
+            if max_connections < 2 {
+                return Err(config(
+                    "database.max_connections: must be at least 2 (claims hold one each)".into(),
+                ));
+            }
+            (
+                Some(DatabaseSettings {
+                    url: url.to_string(),
+                    max_connections,
+                    connect_timeout: file.database.connect_timeout.0,
+                    claim_timeout,
+                    pgbouncer: file.database.pgbouncer,
+                }),
+                String::new(),
+            )
+        }
+        _ => (
+            None,
+            "no database URL: set database.url in the config file (--config) or OUTBOX_DATABASE_URL"
+                .to_string(),
+        ),
+    };
+
+    let relay = RelayConfig {
+        batch_size: r.batch_size,
+        poll_interval: r.poll_interval.0,
+        publish_timeout: r.publish_timeout.0,
+        retry: RetryPolicy::default()
+            .max_attempts(retry.max_attempts)
+            .base_delay(retry.base_delay.0)
+            .max_delay(retry.max_delay.0),
+        workers: r.workers,
+        pending_refresh: r.pending_refresh.0,
+        error_backoff: r.error_backoff.0,
+    };
+    let store = StoreConfig {
+        ordering: r.ordering,
+        after_dead_letter: match r.after_dead_letter {
+            AfterDead::Release => AfterDeadLetter::Release,
+            AfterDead::Block => AfterDeadLetter::Block,
+        },
+        retention: file.retention.published.0,
+        synchronous_commit: r.synchronous_commit,
+    };
+    let wakeup = match r.wakeup {
+        WakeupMode::Adaptive => Wakeup::adaptive(),
+        WakeupMode::Poll => Wakeup::FixedPoll,
+        WakeupMode::Notify => {
+            if file.database.pgbouncer && r.notify_url.is_none() {
+                return Err(config(
+                    "relay.wakeup = \"notify\" needs a direct PostgreSQL session: with database.pgbouncer, set relay.notify_url to a URL that bypasses the pooler".into(),
+                ));
+            }
+            Wakeup::Notify {
+                url: r.notify_url.clone(),
+            }
+        }
+    };
+    Ok(Settings {
+        database,
+        database_error,
+        tables,
+        relay,
+        store,
+        wakeup,
+        shutdown_timeout: r.shutdown_timeout.0,
+        retention: RetentionSettings {
+            published: file.retention.published.0,
+            cleanup_interval: file.retention.cleanup_interval.0,
+            cleanup_batch_size: file.retention.cleanup_batch_size.max(1),
+            inbox: file.retention.inbox.map(|d| d.0),
+        },
+        listen,
+        stats_refresh: file.http.stats_refresh.0,
+        check_timeout: file.http.check_timeout.0,
+        broker: file.broker,
+        routing: file.routing,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let s = validate(FileConfig::default()).unwrap();
+        assert_eq!(s.relay.batch_size, 200);
+        assert_eq!(s.listen, Some("127.0.0.1:9187".parse().unwrap()));
+        assert!(s.database().is_err());
+        assert_eq!(s.broker.kind, "stdout");
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_their_line() {
+        let err = parse_str("[relay]\nbatch_size = 10\nbatch_sise = 20\n").unwrap_err();
+        assert!(err.contains("line 3"), "{err}");
+        assert!(err.contains("batch_sise"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn durations_and_retention_parse() {
+        let f = parse_str(
+            "[relay]\npoll_interval = \"250ms\"\n[retention]\npublished = \"7d\"\n[http]\nlisten = \"0\"\n",
+        )
+        .unwrap();
+        let s = validate(f).unwrap();
+        assert_eq!(s.relay.poll_interval, Duration::from_millis(250));
+        assert_eq!(
+            s.retention.published,
+            Retention::Keep(Duration::from_secs(7 * 86400))
+        );
+        assert_eq!(s.listen, None);
+        assert!(parse_str("[retention]\npublished = \"forever\"\n")
+            .unwrap_err()
+            .contains("delete"));
+    }
+
+    #[test]
+    fn env_overrides_the_file() {
+        let mut f = parse_str("[relay]\nbatch_size = 10\n").unwrap();
+        apply_env(&mut f, |n| match n {
+            "OUTBOX_BATCH_SIZE" => Some("50".into()),
+            "OUTBOX_RETENTION" => Some("delete".into()),
+            "OUTBOX_DATABASE_URL" => Some("postgres://x/y".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(f.relay.batch_size, 50);
+        let err =
+            apply_env(&mut f, |n| (n == "OUTBOX_WORKERS").then(|| "many".into())).unwrap_err();
+        assert!(err.contains("OUTBOX_WORKERS"), "{err}");
+    }
+
+    #[test]
+    fn the_example_file_is_valid_and_shows_the_defaults() {
+        let f = parse_str(include_str!("../outbox.example.toml")).unwrap();
+        let s = validate(f).unwrap();
+        let d = validate(FileConfig::default()).unwrap();
+        assert!(s.database().is_ok());
+        assert_eq!(format!("{:?}", s.relay), format!("{:?}", d.relay));
+        assert_eq!(s.store, d.store);
+        assert_eq!(s.listen, d.listen);
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        let f = parse_str("[tables]\nschema = \"Bad-Name\"\n").unwrap();
+        let err = validate(f).unwrap_err().message;
+        assert!(err.contains("invalid schema name"), "{err}");
+    }
+}

@@ -1,0 +1,77 @@
+//! Connecting to PostgreSQL with errors an operator can act on.
+
+use outbox_postgres::Tables;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+use crate::config::DatabaseSettings;
+use crate::failure::Failure;
+
+/// Whether the connections will claim events (and so get the claim timeout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Relay,
+    Admin,
+}
+
+/// Connect: one connection is made at once so a wrong URL, an unreachable server or
+/// a refused login is reported now, with the driver's reason (a pool alone would only
+/// report a timeout), then the pool opens further connections as needed.
+pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool, Failure> {
+    let mut options: PgConnectOptions = db
+        .url
+        .parse()
+        .map_err(|e| Failure::config(format!("database.url: {e}")))?;
+    let target = format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("")
+    );
+    options = options.application_name("outbox");
+    if let (Role::Relay, Some(timeout)) = (role, db.claim_timeout) {
+        // A relay cut off mid-batch must not keep its rows locked for longer.
+        let millis = timeout.as_millis().max(1).to_string();
+        options = options.options([("idle_in_transaction_session_timeout", millis.as_str())]);
+    }
+    if db.pgbouncer {
+        // Named prepared statements do not survive transaction pooling.
+        options = options.statement_cache_capacity(0);
+    }
+    let probe = tokio::time::timeout(db.connect_timeout, options.connect())
+        .await
+        .map_err(|_| {
+            Failure::runtime(format!(
+                "cannot connect to the database at {target}: no answer within {}",
+                humantime::format_duration(db.connect_timeout)
+            ))
+        })?
+        .map_err(|e| {
+            Failure::runtime(format!("cannot connect to the database at {target}: {e}"))
+        })?;
+    drop(probe);
+    let max = match role {
+        Role::Relay => db.max_connections,
+        Role::Admin => 2,
+    };
+    Ok(PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(db.connect_timeout)
+        .connect_lazy_with(options))
+}
+
+/// Fail with a hint when the outbox table does not exist (migrations not applied).
+pub(crate) async fn ensure_migrated(pool: &PgPool, tables: &Tables) -> Result<(), Failure> {
+    let name = format!("{}.{}", tables.schema().quoted(), tables.events().quoted());
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(&name)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| Failure::runtime(format!("checking the outbox table {name}: {e}")))?;
+    if exists.is_none() {
+        return Err(Failure::runtime(format!(
+            "the outbox table {name} does not exist: run `outbox migrate` with the same configuration first"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! The Prometheus recorder: every metric of `outbox_core::telemetry`, plus the
+//! gauges only the binary reports.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use outbox_core::telemetry;
+
+use crate::failure::Failure;
+
+/// Gauge: dead letters in the outbox, refreshed every `http.stats_refresh`.
+pub(crate) const DEAD_LETTERS: &str = "outbox_dead_letters";
+/// Gauge: age in seconds of the oldest pending event, refreshed with [`DEAD_LETTERS`].
+pub(crate) const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+/// Counter: rows deleted by retention cleanup.
+pub(crate) const CLEANUP_DELETED: &str = "outbox_cleanup_deleted_total";
+
+/// Seconds to publish and record one batch: up to a publish timeout.
+const BATCH_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Seconds from commit to broker ack: includes backlogs and retries.
+const LAG_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
+/// Every metric name the binary exports, for docs and tests.
+#[cfg(test)]
+pub(crate) const ALL: &[&str] = &[
+    telemetry::EVENTS_PUBLISHED,
+    telemetry::EVENTS_FAILED,
+    telemetry::EVENTS_DEAD_LETTERED,
+    telemetry::EVENTS_PENDING,
+    telemetry::BATCH_DURATION,
+    telemetry::PUBLISH_LAG,
+    DEAD_LETTERS,
+    OLDEST_PENDING_AGE,
+    CLEANUP_DELETED,
+];
+
+/// Install the global recorder. Histograms get buckets (not summaries) so that
+/// `histogram_quantile` can aggregate them across relays.
+pub(crate) fn install() -> Result<PrometheusHandle, Failure> {
+    let failed = |e: metrics_exporter_prometheus::BuildError| {
+        Failure::runtime(format!("metrics exporter: {e}"))
+    };
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(telemetry::BATCH_DURATION.into()),
+            BATCH_BUCKETS,
+        )
+        .map_err(failed)?
+        .set_buckets_for_metric(Matcher::Full(telemetry::PUBLISH_LAG.into()), LAG_BUCKETS)
+        .map_err(failed)?
+        .install_recorder()
+        .map_err(failed)?;
+    telemetry::describe();
+    metrics::describe_gauge!(DEAD_LETTERS, "Dead letters in the outbox");
+    metrics::describe_gauge!(
+        OLDEST_PENDING_AGE,
+        metrics::Unit::Seconds,
+        "Age of the oldest event waiting to be published"
+    );
+    metrics::describe_counter!(CLEANUP_DELETED, "Rows deleted by retention cleanup");
+    // Zero from the start, so alerts and rates see the series before the first event.
+    metrics::counter!(telemetry::EVENTS_PUBLISHED).absolute(0);
+    metrics::counter!(CLEANUP_DELETED).absolute(0);
+    Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ALL;
+
+    /// Every alert expression in docs/alerts.yml names metrics this binary exports.
+    #[test]
+    fn alerts_use_exported_metrics() {
+        let text = include_str!("../../docs/alerts.yml");
+        let doc: serde_yaml::Value = serde_yaml::from_str(text).expect("alerts.yml is YAML");
+        let groups = doc["groups"].as_sequence().expect("groups");
+        let mut rules = 0;
+        for group in groups {
+            for rule in group["rules"].as_sequence().expect("rules") {
+                rules += 1;
+                let expr = rule["expr"].as_str().expect("expr");
+                let names: Vec<&str> = expr
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .filter(|t| t.starts_with("outbox_"))
+                    .collect();
+                assert!(!names.is_empty(), "no outbox metric in {expr}");
+                for name in names {
+                    let base = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .find_map(|s| name.strip_suffix(s).filter(|b| ALL.contains(b)))
+                        .unwrap_or(name);
+                    assert!(ALL.contains(&base), "{name} in `{expr}` is not exported");
+                }
+            }
+        }
+        assert!(rules >= 4);
+    }
+}

@@ -1,0 +1,227 @@
+//! `outbox relay`: the relay, its HTTP endpoint, the stats gauges and retention
+//! cleanup, until SIGTERM or SIGINT.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::Relay;
+use outbox_postgres::{Cleanup, PgStore, Retention};
+use tokio::sync::watch;
+
+use crate::broker::Spec;
+use crate::config::Settings;
+use crate::db::{self, Role};
+use crate::exporter;
+use crate::failure::Failure;
+use crate::http;
+
+/// Run the relay until a signal, then stop claiming, finish the batches in flight and
+/// return, within `relay.shutdown_timeout`.
+pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure> {
+    let database = settings.database()?;
+    // Bind first: a taken port or a wrong address fails before anything else starts.
+    let listener = match settings.listen {
+        Some(addr) => Some(http::bind(addr).await?),
+        None => None,
+    };
+    let metrics = exporter::install()?;
+    let pool = db::connect(database, Role::Relay).await?;
+    db::ensure_migrated(&pool, &settings.tables).await?;
+    let broker_name = broker.name();
+    let publisher = Arc::new(broker.build().await?);
+    let store = PgStore::new(pool.clone(), settings.tables.clone())
+        .with_config(settings.store)
+        .with_wakeup(settings.wakeup.clone());
+    let relay =
+        Relay::new(store.clone(), Arc::clone(&publisher)).with_config(settings.relay.clone());
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(listener) = listener {
+        tracing::info!(address = %listener.local_addr().map_err(|e| Failure::runtime(e.to_string()))?, "serving /metrics, /healthz, /readyz");
+        tasks.spawn(http::serve(
+            listener,
+            metrics.clone(),
+            pool.clone(),
+            Arc::clone(&publisher),
+            settings.check_timeout,
+            stopped(stop_rx.clone()),
+        ));
+    }
+    tasks.spawn(upkeep(metrics, stop_rx.clone()));
+    tasks.spawn(refresh_stats(
+        store.clone(),
+        settings.stats_refresh,
+        stop_rx.clone(),
+    ));
+    if matches!(settings.retention.published, Retention::Keep(_))
+        || settings.retention.inbox.is_some()
+    {
+        tasks.spawn(clean_periodically(
+            Cleanup::new(pool.clone(), store.outbox())
+                .with_batch_size(settings.retention.cleanup_batch_size),
+            settings.retention,
+            stop_rx.clone(),
+        ));
+    }
+
+    tracing::info!(
+        broker = broker_name,
+        schema = %settings.tables.schema(),
+        table = %settings.tables.events(),
+        batch_size = settings.relay.batch_size,
+        workers = settings.relay.workers,
+        ordering = settings.store.ordering,
+        "outbox relay started"
+    );
+    // Boxed, not pinned on the stack, so that it can be dropped (claims released) below.
+    let mut relay_run = Box::pin(relay.run(stopped(stop_rx.clone())));
+    let signal = tokio::select! {
+        () = &mut relay_run => "relay stopped",
+        signal = shutdown_signal() => signal,
+    };
+    let limit = settings.shutdown_timeout;
+    tracing::info!(
+        %signal,
+        timeout = %humantime::format_duration(limit),
+        "shutting down: no new claims; finishing batches in flight"
+    );
+    let _ = stop_tx.send(true);
+    let finished = tokio::select! {
+        done = tokio::time::timeout(limit, &mut relay_run) => done.is_ok(),
+        signal = shutdown_signal() => {
+            tracing::warn!(%signal, "second signal: stopping at once");
+            false
+        }
+    };
+    // Dropping an unfinished relay drops its claims: their transactions roll back and
+    // the events are claimed again by the next relay (published at least once).
+    drop(relay_run);
+    drop(relay);
+    let stats_tasks = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(5), stats_tasks)
+        .await
+        .is_err()
+    {
+        tracing::warn!("background tasks did not stop within 5 s");
+    }
+    if tokio::time::timeout(Duration::from_secs(5), pool.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("database connections did not close within 5 s");
+    }
+    if finished {
+        tracing::info!("outbox relay stopped cleanly");
+        Ok(())
+    } else {
+        Err(Failure::runtime(format!(
+            "shutdown did not finish within {} (relay.shutdown_timeout): unfinished batches were rolled back and will be published again",
+            humantime::format_duration(limit)
+        )))
+    }
+}
+
+/// Resolves once `stop` turns true.
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// The name of the first SIGTERM or SIGINT received.
+async fn shutdown_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+            },
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch SIGTERM; stopping on SIGINT only");
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
+}
+
+/// Keep the exporter's histograms drained while nobody scrapes.
+async fn upkeep(
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    stop: watch::Receiver<bool>,
+) {
+    let stop = stopped(stop);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(Duration::from_secs(5)) => metrics.run_upkeep(),
+        }
+    }
+}
+
+/// Dead letters and oldest pending age, for alerts.
+async fn refresh_stats(store: PgStore, every: Duration, stop: watch::Receiver<bool>) {
+    let stop = stopped(stop);
+    tokio::pin!(stop);
+    loop {
+        match store.stats().await {
+            Ok(stats) => {
+                metrics::gauge!(exporter::DEAD_LETTERS).set(stats.dead_letters as f64);
+                metrics::gauge!(exporter::OLDEST_PENDING_AGE)
+                    .set(stats.oldest_pending_age.as_secs_f64());
+            }
+            Err(error) => tracing::warn!(%error, "cannot read outbox stats"),
+        }
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// Retention: delete published rows and inbox records past their age.
+async fn clean_periodically(
+    cleanup: Cleanup,
+    retention: crate::config::RetentionSettings,
+    stop: watch::Receiver<bool>,
+) {
+    let stop = stopped(stop);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(retention.cleanup_interval) => {}
+        }
+        match clean_once(&cleanup, &retention).await {
+            Ok((events, inbox)) if events + inbox > 0 => {
+                tracing::info!(events, inbox, "retention cleanup deleted rows");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "retention cleanup failed; retrying later"),
+        }
+    }
+}
+
+/// One retention pass: (published rows deleted, inbox records deleted).
+pub(crate) async fn clean_once(
+    cleanup: &Cleanup,
+    retention: &crate::config::RetentionSettings,
+) -> Result<(u64, u64), outbox_postgres::Error> {
+    let events = match retention.published {
+        Retention::Keep(age) => cleanup.processed_older_than(age).await?,
+        Retention::Delete => 0,
+    };
+    let inbox = match retention.inbox {
+        Some(age) => cleanup.inbox_older_than(age).await?,
+        None => 0,
+    };
+    metrics::counter!(exporter::CLEANUP_DELETED).increment(events + inbox);
+    Ok((events, inbox))
+}

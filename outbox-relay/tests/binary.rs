@@ -1,0 +1,644 @@
+//! The `outbox` binary run as a process against the real PostgreSQL, each test in
+//! its own schema.
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_core::testing::RecordingPublisher;
+use outbox_core::{NewEvent, PublishError, Relay};
+use outbox_postgres::testing::{database_url, TestOutbox};
+use uuid::Uuid;
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+/// Variables of the binary that the surrounding environment must not leak into tests.
+const OUTBOX_VARS: &[&str] = &[
+    "OUTBOX_CONFIG",
+    "OUTBOX_LOG",
+    "OUTBOX_LOG_FORMAT",
+    "OUTBOX_DATABASE_URL",
+    "OUTBOX_DATABASE_MAX_CONNECTIONS",
+    "OUTBOX_SCHEMA",
+    "OUTBOX_EVENTS_TABLE",
+    "OUTBOX_INBOX_TABLE",
+    "OUTBOX_BROKER",
+    "OUTBOX_BATCH_SIZE",
+    "OUTBOX_WORKERS",
+    "OUTBOX_POLL_INTERVAL",
+    "OUTBOX_PUBLISH_TIMEOUT",
+    "OUTBOX_ORDERING",
+    "OUTBOX_SHUTDOWN_TIMEOUT",
+    "OUTBOX_WAKEUP",
+    "OUTBOX_MAX_ATTEMPTS",
+    "OUTBOX_RETENTION",
+    "OUTBOX_HTTP_LISTEN",
+    "RUST_LOG",
+];
+
+/// A config file in a temporary directory.
+struct Config {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Config {
+    fn new(text: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("outbox.toml");
+        std::fs::write(&path, text).expect("write config");
+        Self { _dir: dir, path }
+    }
+
+    /// A working config for `schema`, HTTP on `listen` ("0" for none).
+    fn for_schema(schema: &str, listen: &str) -> Self {
+        Self::new(&format!(
+            r#"
+[database]
+url = "{url}"
+connect_timeout = "5s"
+
+[tables]
+schema = "{schema}"
+
+[relay]
+batch_size = 50
+workers = 2
+poll_interval = "50ms"
+pending_refresh = "200ms"
+shutdown_timeout = "20s"
+
+[retry]
+max_attempts = 3
+base_delay = "100ms"
+max_delay = "1s"
+
+[http]
+listen = "{listen}"
+stats_refresh = "200ms"
+
+[broker]
+kind = "stdout"
+"#,
+            url = database_url()
+        ))
+    }
+}
+
+fn command(config: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    for var in OUTBOX_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.arg("--config").arg(config).args(args);
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+fn run(config: &Path, args: &[&str]) -> Output {
+    command(config, args).output().expect("run outbox")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn ok(config: &Path, args: &[&str]) -> String {
+    let out = run(config, args);
+    assert!(
+        out.status.success(),
+        "outbox {args:?} failed: {}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// A relay process; its stdout (the stdout broker's JSON lines) is collected.
+struct RelayProcess {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RelayProcess {
+    fn start(config: &Path) -> Self {
+        let mut child = command(config, &["relay"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn relay");
+        let stdout = child.stdout.take().expect("stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&lines);
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self {
+            child,
+            lines,
+            reader: Some(reader),
+        }
+    }
+
+    fn published_ids(&self) -> Vec<Uuid> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("JSON line");
+                v["id"].as_str().expect("id").parse().expect("uuid")
+            })
+            .collect()
+    }
+
+    /// SIGTERM, then the exit status within `limit`.
+    fn terminate(mut self, limit: Duration) -> (std::process::ExitStatus, Vec<Uuid>) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("relay did not exit within {limit:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if let Some(reader) = self.reader.take() {
+            reader.join().expect("reader");
+        }
+        (status, self.published_ids())
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// GET `path`; (status, body), or None while nothing listens.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// Value of an unlabelled sample in Prometheus text.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == name).then(|| value.trim().parse().ok())?
+    })
+}
+
+async fn enqueue(outbox: &TestOutbox, n: usize) -> Vec<Uuid> {
+    let events: Vec<NewEvent> = (0..n)
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("{}", i % 50),
+                "order.created",
+                &serde_json::json!({ "n": i }),
+            )
+        })
+        .collect();
+    let mut tx = outbox.pool.begin().await.unwrap();
+    let ids = outbox.outbox.enqueue_many(&mut tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+    ids
+}
+
+async fn pending_ids(outbox: &TestOutbox) -> Vec<Uuid> {
+    sqlx::query_scalar(&format!(
+        "SELECT id FROM {}.{} WHERE processed_at IS NULL AND dead_at IS NULL",
+        outbox.tables.schema().quoted(),
+        outbox.tables.events().quoted()
+    ))
+    .fetch_all(&outbox.pool)
+    .await
+    .unwrap()
+}
+
+async fn wait_until_drained(outbox: &TestOutbox, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while !pending_ids(outbox).await.is_empty() {
+        assert!(Instant::now() < deadline, "outbox not drained in {limit:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Dead-letter `n` events (permanent failure) with an in-process relay.
+async fn dead_letters(outbox: &TestOutbox, event_type: &str, n: usize) -> Vec<Uuid> {
+    let events: Vec<NewEvent> = (0..n)
+        .map(|i| {
+            NewEvent::new(
+                "payment",
+                format!("p{i}"),
+                event_type,
+                &serde_json::json!({}),
+            )
+        })
+        .collect();
+    let mut tx = outbox.pool.begin().await.unwrap();
+    let ids = outbox.outbox.enqueue_many(&mut tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+    let relay = Relay::new(
+        outbox.store(),
+        RecordingPublisher::failing_when(|_| Some(PublishError::permanent("refused by test"))),
+    );
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.dead_lettered, n);
+    ids
+}
+
+async fn dead_count(outbox: &TestOutbox) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}.{}",
+        outbox.tables.schema().quoted(),
+        outbox.tables.dead_letters().quoted()
+    ))
+    .fetch_one(&outbox.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn migrate_twice_is_fine() {
+    let schema = format!("outbox_relay_test_{}", Uuid::new_v4().simple());
+    let config = Config::for_schema(&schema, "0");
+    let first = ok(&config.path, &["migrate"]);
+    assert!(first.contains("up to date"), "{first}");
+    ok(&config.path, &["migrate"]);
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(format!("{schema}.outbox_events"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(exists.is_some());
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_publishes_everything_and_stops_cleanly_on_sigterm() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let config = Config::for_schema(outbox.tables.schema().as_str(), "0");
+    let mut all: HashSet<Uuid> = enqueue(&outbox, 2000).await.into_iter().collect();
+
+    // SIGTERM in the middle of the drain: what was not published is still pending.
+    let relay = RelayProcess::start(&config.path);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (status, first) = relay.terminate(Duration::from_secs(25));
+    assert!(status.success(), "exit status {status}");
+    let left: HashSet<Uuid> = pending_ids(&outbox).await.into_iter().collect();
+    let published: HashSet<Uuid> = first.iter().copied().collect();
+    assert_eq!(published.len(), first.len(), "duplicates on a clean stop");
+    assert!(published.is_disjoint(&left));
+    assert_eq!(
+        published.union(&left).count(),
+        all.len(),
+        "events lost: {} published + {} pending of {}",
+        published.len(),
+        left.len(),
+        all.len()
+    );
+
+    // A second run drains the rest, including events enqueued while it runs.
+    let relay = RelayProcess::start(&config.path);
+    all.extend(enqueue(&outbox, 100).await);
+    wait_until_drained(&outbox, Duration::from_secs(60)).await;
+    let (status, second) = relay.terminate(Duration::from_secs(25));
+    assert!(status.success(), "exit status {status}");
+    let everything: HashSet<Uuid> = first.into_iter().chain(second).collect();
+    assert_eq!(everything, all);
+    assert!(pending_ids(&outbox).await.is_empty());
+    outbox.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_and_health_endpoints() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let port = free_port();
+    let config = Config::for_schema(
+        outbox.tables.schema().as_str(),
+        &format!("127.0.0.1:{port}"),
+    );
+    dead_letters(&outbox, "payment.refused", 1).await;
+    let ids = enqueue(&outbox, 30).await;
+    let relay = RelayProcess::start(&config.path);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        assert!(Instant::now() < deadline, "metrics never showed the drain");
+        if let Some((200, body)) = get(port, "/metrics") {
+            let published = sample(&body, "outbox_events_published_total");
+            let pending = sample(&body, "outbox_events_pending");
+            if published == Some(ids.len() as f64) && pending == Some(0.0) {
+                break body;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        metrics.contains("outbox_batch_duration_seconds_bucket{le=\"5\"}"),
+        "batch duration must be a histogram with buckets:\n{metrics}"
+    );
+    assert_eq!(sample(&metrics, "outbox_dead_letters"), Some(1.0));
+    for name in alert_metric_names() {
+        if ONLY_AFTER_A_FAILURE.contains(&name.as_str()) {
+            continue;
+        }
+        assert!(
+            metrics.contains(&name),
+            "alerts.yml uses {name}, not exported:\n{metrics}"
+        );
+    }
+    assert_eq!(get(port, "/healthz").map(|r| r.0), Some(200));
+    let ready = get(port, "/readyz").expect("readyz");
+    assert_eq!(ready.0, 200, "{}", ready.1);
+
+    let (status, published) = relay.terminate(Duration::from_secs(25));
+    assert!(status.success());
+    assert_eq!(published.len(), ids.len());
+    outbox.drop_schema().await.unwrap();
+}
+
+/// Labelled counters that appear with their first failed event.
+const ONLY_AFTER_A_FAILURE: &[&str] = &[
+    "outbox_events_failed_total",
+    "outbox_events_dead_lettered_total",
+];
+
+/// Metric names (histogram series included) in the expressions of docs/alerts.yml.
+fn alert_metric_names() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/alerts.yml");
+    let text = std::fs::read_to_string(&path).expect("docs/alerts.yml");
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("alerts.yml is YAML");
+    let mut names = Vec::new();
+    for group in doc["groups"].as_sequence().expect("groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let expr = rule["expr"].as_str().expect("expr");
+            let mut found = false;
+            for token in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if token.starts_with("outbox_") {
+                    found = true;
+                    names.push(token.to_string());
+                }
+            }
+            assert!(found, "alert expression names no outbox metric: {expr}");
+        }
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letter_retry_makes_it_publishable_again() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let config = Config::for_schema(outbox.tables.schema().as_str(), "0");
+    let ids = dead_letters(&outbox, "payment.refused", 2).await;
+    let target = ids[0].to_string();
+
+    let listed = ok(&config.path, &["dead-letters", "list"]);
+    assert!(
+        listed.contains(&target) && listed.contains("refused by test"),
+        "{listed}"
+    );
+    let shown = ok(&config.path, &["dead-letters", "show", &target, "--json"]);
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["id"], target.as_str());
+
+    let dry = ok(
+        &config.path,
+        &["dead-letters", "retry", "--id", &target, "--dry-run"],
+    );
+    assert!(dry.contains("would retry 1"), "{dry}");
+    assert_eq!(dead_count(&outbox).await, 2);
+
+    // No terminal to ask on, no --yes: refused, nothing changed.
+    let refused = run(&config.path, &["dead-letters", "retry", "--id", &target]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("--yes"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(dead_count(&outbox).await, 2);
+
+    let done = ok(
+        &config.path,
+        &["dead-letters", "retry", "--id", &target, "--yes"],
+    );
+    assert!(done.contains("1 dead letter(s) retried"), "{done}");
+    assert_eq!(dead_count(&outbox).await, 1);
+
+    let relay = RelayProcess::start(&config.path);
+    wait_until_drained(&outbox, Duration::from_secs(30)).await;
+    let (status, published) = relay.terminate(Duration::from_secs(25));
+    assert!(status.success());
+    assert_eq!(published, vec![ids[0]]);
+    assert_eq!(dead_count(&outbox).await, 1);
+    outbox.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn purge_dry_run_deletes_nothing() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let config = Config::for_schema(outbox.tables.schema().as_str(), "0");
+    dead_letters(&outbox, "payment.refused", 3).await;
+    dead_letters(&outbox, "payment.other", 1).await;
+
+    let dry = ok(&config.path, &["dead-letters", "purge", "--dry-run"]);
+    assert!(dry.contains("would purge 4"), "{dry}");
+    assert_eq!(dead_count(&outbox).await, 4);
+
+    let refused = run(&config.path, &["dead-letters", "purge"]);
+    assert!(!refused.status.success());
+    assert_eq!(dead_count(&outbox).await, 4);
+
+    let none = ok(
+        &config.path,
+        &["dead-letters", "purge", "--older-than", "1h", "--yes"],
+    );
+    assert!(none.contains("no dead letters match"), "{none}");
+    let done = ok(
+        &config.path,
+        &[
+            "dead-letters",
+            "purge",
+            "--event-type",
+            "payment.refused",
+            "--yes",
+        ],
+    );
+    assert!(done.contains("3 dead letter(s) purged"), "{done}");
+    assert_eq!(dead_count(&outbox).await, 1);
+
+    let stats = ok(&config.path, &["stats", "--json"]);
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["dead_letters"], 1);
+    assert_eq!(stats["pending"], 0);
+    assert_eq!(stats["in_flight"], 0);
+    ok(&config.path, &["cleanup"]);
+    outbox.drop_schema().await.unwrap();
+}
+
+/// Runs `outbox <args>` expecting a failure with one line on stderr containing `needle`.
+fn fails_with(config: &Path, args: &[&str], env: &[(&str, &str)], needle: &str) {
+    let mut cmd = command(config, args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run outbox");
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{args:?} should fail; stderr: {stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one line expected on stderr, got:\n{stderr}"
+    );
+    assert!(lines[0].starts_with("outbox: "), "{stderr}");
+    assert!(lines[0].contains(needle), "`{needle}` not in: {stderr}");
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("Error {"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_configuration_is_one_clear_line() {
+    let unknown = Config::new("[relay]\nbatch_size = 10\nbatch_sise = 20\n");
+    fails_with(&unknown.path, &["relay"], &[], "batch_sise");
+    fails_with(&unknown.path, &["migrate"], &[], "line 3");
+
+    let bad_table = Config::new(&format!(
+        "[database]\nurl = \"{}\"\n[tables]\nevents_table = \"events; drop table x\"\n",
+        database_url()
+    ));
+    fails_with(
+        &bad_table.path,
+        &["migrate"],
+        &[],
+        "invalid events table name",
+    );
+
+    let unreachable = Config::new(
+        "[database]\nurl = \"postgres://postgres@127.0.0.1:1/test\"\nconnect_timeout = \"3s\"\n[http]\nlisten = \"0\"\n",
+    );
+    fails_with(
+        &unreachable.path,
+        &["relay"],
+        &[],
+        "cannot connect to the database at 127.0.0.1:1/test",
+    );
+    fails_with(&unreachable.path, &["stats"], &[], "cannot connect");
+
+    let fine = Config::for_schema("public", "0");
+    fails_with(
+        &fine.path,
+        &["relay"],
+        &[("OUTBOX_BROKER", "carrier-pigeon")],
+        "unknown broker `carrier-pigeon`",
+    );
+    fails_with(
+        &fine.path,
+        &["relay"],
+        &[("OUTBOX_BATCH_SIZE", "lots")],
+        "OUTBOX_BATCH_SIZE",
+    );
+    for (broker, compiled) in [
+        ("nats", cfg!(feature = "nats")),
+        ("amqp", cfg!(feature = "amqp")),
+        ("kafka", cfg!(feature = "kafka")),
+        ("sqs", cfg!(feature = "sqs")),
+    ] {
+        if !compiled {
+            fails_with(
+                &fine.path,
+                &["relay"],
+                &[("OUTBOX_BROKER", broker)],
+                &format!("broker `{broker}` is not compiled into this binary"),
+            );
+        }
+    }
+    let missing = PathBuf::from("/nonexistent/outbox.toml");
+    fails_with(&missing, &["migrate"], &[], "cannot read config file");
+}
+
+/// The relay against the real NATS JetStream (`OUTBOX_NATS_URL`, default 127.0.0.1:4222).
+#[cfg(feature = "nats")]
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_publishes_to_nats_jetstream() {
+    use outbox_nats::async_nats;
+
+    let outbox = TestOutbox::new().await.unwrap();
+    let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
+    let stream = format!("OUTBOX_RELAY_TEST_{tag}");
+    let port = free_port();
+    let base = Config::for_schema(
+        outbox.tables.schema().as_str(),
+        &format!("127.0.0.1:{port}"),
+    );
+    let text = std::fs::read_to_string(&base.path)
+        .unwrap()
+        .replace("kind = \"stdout\"", "kind = \"nats\"");
+    let config = Config::new(&format!(
+        "{text}\n[broker.nats]\nsubject_prefix = \"relaytest{tag}\"\nensure_stream = \"{stream}\"\n"
+    ));
+    let ids = enqueue(&outbox, 20).await;
+    let relay = RelayProcess::start(&config.path);
+    wait_until_drained(&outbox, Duration::from_secs(30)).await;
+    let ready = get(port, "/readyz").expect("readyz");
+    assert_eq!(ready.0, 200, "{}", ready.1);
+    let (status, _) = relay.terminate(Duration::from_secs(25));
+    assert!(status.success());
+    assert_eq!(dead_count(&outbox).await, 0);
+
+    let url = std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| outbox_nats::DEFAULT_URL.into());
+    let client = async_nats::connect(url.as_str()).await.unwrap();
+    let jetstream = async_nats::jetstream::new(client);
+    let mut handle = jetstream.get_stream(&stream).await.unwrap();
+    let messages = handle.info().await.unwrap().state.messages;
+    jetstream.delete_stream(&stream).await.unwrap();
+    assert_eq!(messages, ids.len() as u64);
+    outbox.drop_schema().await.unwrap();
+}

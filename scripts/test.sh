@@ -36,10 +36,10 @@ if ! psql "$DATABASE_URL" -Atqc 'select 1' >/dev/null 2>&1; then
     exit 1
 fi
 
-# SQS: moto's server, installed and started by scripts/moto.sh, stopped on exit.
+# SQS: moto's server, installed (pip) and started by scripts/moto.sh, which
+# exports OUTBOX_SQS_ENDPOINT and stops the server when this script exits.
+# Kafka needs nothing here: the tests start librdkafka's mock cluster.
 # shellcheck source=scripts/moto.sh
-source scripts/moto.sh
-moto_start
-trap moto_stop EXIT
+source scripts/moto.sh || { say "FAILED: moto (SQS test server) could not be started"; exit 1; }
 
 cargo test --workspace --all-features "$@"

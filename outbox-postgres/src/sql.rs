@@ -41,6 +41,8 @@ pub(crate) struct Sql {
     pub(crate) count_pending: String,
     pub(crate) probe_due: String,
     pub(crate) stats: String,
+    pub(crate) count_due: String,
+    pub(crate) count_due_unlocked: String,
 
     pub(crate) dead_count: String,
     pub(crate) dead_list: String,
@@ -173,6 +175,15 @@ impl Sql {
                  FROM {events}"
             ),
 
+            count_due: format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {events} \
+                 WHERE {pending} AND available_at <= now() LIMIT $1) d"
+            ),
+            // FOR KEY SHARE conflicts with the relays' FOR UPDATE: locked rows are skipped.
+            count_due_unlocked: format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {events} \
+                 WHERE {pending} AND available_at <= now() LIMIT $1 FOR KEY SHARE SKIP LOCKED) f"
+            ),
             dead_count: format!("SELECT count(*) FROM {events} WHERE {dead}"),
             dead_list: format!(
                 "SELECT {EVENT_COLUMNS}, last_error, dead_at FROM {events} WHERE {dead} \

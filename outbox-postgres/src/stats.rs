@@ -39,4 +39,28 @@ impl PgStore {
             processed_last_hour: count(4)?,
         })
     }
+
+    /// Due events claimed by relays right now (row-locked), or `None` when more than
+    /// `limit` are due and probing would be costly. Counted as due events minus those
+    /// this session can lock with `FOR KEY SHARE SKIP LOCKED`, in a transaction rolled
+    /// back at once; approximate, since rows change between the two counts.
+    pub async fn in_flight(&self, limit: u32) -> Result<Option<u64>> {
+        let sql = self.outbox().sql();
+        let probe = i64::from(limit) + 1;
+        let mut tx = self.pool().begin().await?;
+        let due: i64 = sqlx::query_scalar(&sql.count_due)
+            .bind(probe)
+            .fetch_one(&mut *tx)
+            .await?;
+        if due > i64::from(limit) {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let unlocked: i64 = sqlx::query_scalar(&sql.count_due_unlocked)
+            .bind(probe)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        Ok(Some(u64::try_from(due - unlocked).unwrap_or(0)))
+    }
 }

@@ -350,3 +350,20 @@ async fn periodic_cleanup_deletes_published_rows_until_stopped() {
         .unwrap();
     db.drop_schema().await.unwrap();
 }
+
+#[tokio::test]
+async fn in_flight_counts_events_claimed_by_a_relay() {
+    use outbox_core::Claim;
+    let db = TestOutbox::new().await.unwrap();
+    common::fill(&db, 10, 1).await;
+    let store = db.store();
+    assert_eq!(store.in_flight(100).await.unwrap(), Some(0));
+    let claim = store.claim(4).await.unwrap();
+    assert_eq!(claim.events().len(), 4);
+    assert_eq!(store.in_flight(100).await.unwrap(), Some(4));
+    // Too many due events to probe cheaply.
+    assert_eq!(store.in_flight(5).await.unwrap(), None);
+    drop(claim);
+    assert_eq!(store.in_flight(100).await.unwrap(), Some(0));
+    db.drop_schema().await.unwrap();
+}

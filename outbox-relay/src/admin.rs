@@ -17,7 +17,7 @@ use crate::failure::{self, Failure};
 /// Dead letters shown by a dry run or before a confirmation.
 const PREVIEW: u32 = 20;
 /// Most due events probed for locks by `stats` (the probe locks each row briefly).
-const IN_FLIGHT_PROBE_LIMIT: i64 = 10_000;
+const IN_FLIGHT_PROBE_LIMIT: u32 = 10_000;
 
 async fn connect(settings: &Settings) -> Result<PgPool, Failure> {
     db::connect(settings.database()?, Role::Admin).await
@@ -58,7 +58,10 @@ pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Fail
     let pool = connect_migrated(settings).await?;
     let store = PgStore::new(pool.clone(), settings.tables.clone());
     let stats = store.stats().await.map_err(failure::db("stats"))?;
-    let in_flight = in_flight(&pool, settings).await?;
+    let in_flight = store
+        .in_flight(IN_FLIGHT_PROBE_LIMIT)
+        .await
+        .map_err(failure::db("stats: in-flight probe"))?;
     let age = Duration::from_secs(stats.oldest_pending_age.as_secs());
     if as_json {
         let line = json!({
@@ -87,38 +90,6 @@ pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Fail
     }
     pool.close().await;
     Ok(())
-}
-
-/// Due events locked by relays right now: due events minus those this session can lock
-/// with `FOR KEY SHARE SKIP LOCKED`, in a transaction rolled back at once. Approximate
-/// (rows change between the two counts); `None` when too many are due to probe cheaply.
-async fn in_flight(pool: &PgPool, settings: &Settings) -> Result<Option<u64>, Failure> {
-    let t = &settings.tables;
-    let events = format!("{}.{}", t.schema().quoted(), t.events().quoted());
-    let due = "processed_at IS NULL AND dead_at IS NULL AND available_at <= now()";
-    let count_due = format!("SELECT count(*) FROM (SELECT 1 FROM {events} WHERE {due} LIMIT $1) d");
-    let count_free = format!(
-        "SELECT count(*) FROM (SELECT 1 FROM {events} WHERE {due} LIMIT $1 \
-         FOR KEY SHARE SKIP LOCKED) f"
-    );
-    let failed = |e: sqlx::Error| Failure::runtime(format!("stats: in-flight probe: {e}"));
-    let mut tx = pool.begin().await.map_err(failed)?;
-    let due_n: i64 = sqlx::query_scalar(&count_due)
-        .bind(IN_FLIGHT_PROBE_LIMIT + 1)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(failed)?;
-    if due_n > IN_FLIGHT_PROBE_LIMIT {
-        tx.rollback().await.map_err(failed)?;
-        return Ok(None);
-    }
-    let free: i64 = sqlx::query_scalar(&count_free)
-        .bind(IN_FLIGHT_PROBE_LIMIT + 1)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(failed)?;
-    tx.rollback().await.map_err(failed)?;
-    Ok(Some(u64::try_from((due_n - free).max(0)).unwrap_or(0)))
 }
 
 /// `outbox cleanup`: one retention pass.

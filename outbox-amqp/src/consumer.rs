@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
-use outbox_core::{Headers, TRACEPARENT};
+use outbox_core::{envelope, Headers, TRACEPARENT};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -42,7 +42,13 @@ impl Metadata {
             reason,
         };
         let props = &delivery.properties;
-        let mut all = Headers::new();
+        // Name/value pairs for the shared parser; the first value of a name wins, so
+        // the `message_id` property comes before the headers and the `type` property
+        // after them (the event type header is preferred to it).
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        if let Some(id) = props.message_id() {
+            pairs.push((headers::EVENT_ID.into(), id.to_string()));
+        }
         if let Some(table) = props.headers() {
             for (name, value) in table.inner() {
                 let text = match value {
@@ -50,42 +56,32 @@ impl Metadata {
                     AMQPValue::ShortString(s) => s.to_string(),
                     _ => continue,
                 };
-                all.insert(name.to_string(), text);
+                pairs.push((name.to_string(), text));
             }
         }
-        let header = |name: &str| all.get(name).cloned();
-        let id_text = props
-            .message_id()
-            .as_ref()
-            .map(ToString::to_string)
-            .or_else(|| header(headers::EVENT_ID))
-            .ok_or_else(|| not_event("no message_id".into()))?;
-        let id = Uuid::parse_str(&id_text)
-            .map_err(|e| not_event(format!("message_id `{id_text}` is not a UUID: {e}")))?;
-        let required = |name: &str| {
-            header(name).ok_or_else(|| not_event(format!("header `{name}` is missing")))
-        };
-        let event_type = match header(headers::EVENT_TYPE) {
-            Some(t) => t,
-            None => props
-                .kind()
-                .as_ref()
-                .map(ToString::to_string)
-                .ok_or_else(|| not_event("no event type".into()))?,
-        };
-        let created_at = header(headers::CREATED_AT)
-            .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+        if let Some(kind) = props.kind() {
+            pairs.push((headers::EVENT_TYPE.into(), kind.to_string()));
+        }
+        // The creation time is optional here: absent or invalid reads as `None`.
+        let created_at = pairs
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(headers::CREATED_AT))
+            .and_then(|(_, t)| DateTime::parse_from_rfc3339(t).ok())
             .map(|t| t.with_timezone(&Utc));
+        if created_at.is_none() {
+            pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(headers::CREATED_AT));
+            pairs.push((headers::CREATED_AT.into(), "1970-01-01T00:00:00Z".into()));
+        }
+        let meta =
+            envelope::Metadata::from_headers(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .map_err(|e| not_event(e.to_string()))?;
         Ok(Self {
-            id,
-            event_type,
-            aggregate_type: required(headers::AGGREGATE_TYPE)?,
-            aggregate_id: required(headers::AGGREGATE_ID)?,
+            id: meta.event_id,
+            event_type: meta.event_type,
+            aggregate_type: meta.aggregate_type,
+            aggregate_id: meta.aggregate_id,
             created_at,
-            headers: all
-                .into_iter()
-                .filter(|(k, _)| !headers::is_reserved(k))
-                .collect(),
+            headers: meta.headers,
         })
     }
 

@@ -4,7 +4,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::SecondsFormat;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::publisher_confirm::{Confirmation, PublisherConfirm};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -14,7 +13,6 @@ use tokio::sync::Mutex;
 
 use crate::config::{redact, AmqpConfig};
 use crate::error::{Error, Result};
-use crate::headers;
 use crate::routing::{AmqpRouting, MAX_SHORT_STRING};
 
 /// Publishes outbox events to RabbitMQ (AMQP 0.9.1).
@@ -161,22 +159,10 @@ impl AmqpPublisher {
             );
             Ok(())
         };
-        for (name, value) in &event.headers {
-            if !headers::is_reserved(name) {
-                insert(name, value)?;
-            }
+        for (name, value) in outbox_core::envelope::headers(event) {
+            insert(name, &value)?;
         }
         let id = event.id.to_string();
-        insert(headers::EVENT_ID, &id)?;
-        insert(headers::EVENT_TYPE, &event.event_type)?;
-        insert(headers::AGGREGATE_TYPE, &event.aggregate_type)?;
-        insert(headers::AGGREGATE_ID, &event.aggregate_id)?;
-        insert(
-            headers::CREATED_AT,
-            &event
-                .created_at
-                .to_rfc3339_opts(SecondsFormat::Micros, true),
-        )?;
         let mut properties = BasicProperties::default()
             .with_message_id(id.into())
             .with_content_type("application/json".into())

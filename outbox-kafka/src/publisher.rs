@@ -12,7 +12,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::config::KafkaConfig;
 use crate::envelope;
 use crate::error::Result;
-use crate::routing::Routing;
+use crate::routing::Topics;
 
 /// Pause between attempts to queue a message while librdkafka's queue is full.
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
@@ -34,7 +34,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct KafkaPublisher {
     producer: Mutex<FutureProducer>,
     client: ClientConfig,
-    routing: Routing,
+    routing: Topics,
     queue_timeout: Duration,
 }
 
@@ -54,7 +54,7 @@ impl KafkaPublisher {
         Ok(Self {
             producer: Mutex::new(producer),
             client,
-            routing: config.routing,
+            routing: config.routing.compile(),
             queue_timeout: config.queue_timeout,
         })
     }

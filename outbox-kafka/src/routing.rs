@@ -12,7 +12,8 @@ const MAX_TOPIC_LEN: usize = 249;
 
 /// The routing rule, most specific first: the event's destination, a route for its
 /// event type, a route for its aggregate type, the fixed default topic, and
-/// `<prefix><aggregate_type>`.
+/// `<prefix><aggregate_type>`. Collected by [`crate::KafkaConfig`], then
+/// [compiled](Routing::compile) into the shared [`outbox_core::Routing`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Routing {
     pub(crate) prefix: String,
@@ -22,19 +23,32 @@ pub(crate) struct Routing {
 }
 
 impl Routing {
+    /// The rule as used by the publisher.
+    pub(crate) fn compile(&self) -> Topics {
+        // A default topic is validated, so it has no `{` and is used as is.
+        let template = match &self.default_topic {
+            Some(topic) => topic.clone(),
+            None => format!("{}{{aggregate_type}}", self.prefix),
+        };
+        let mut rules = outbox_core::Routing::new(template);
+        for (aggregate_type, topic) in &self.by_aggregate_type {
+            rules = rules.aggregate_type(aggregate_type, topic);
+        }
+        for (event_type, topic) in &self.by_event_type {
+            rules = rules.event_type(event_type, topic);
+        }
+        Topics(rules)
+    }
+}
+
+/// The compiled routing rule of a publisher.
+#[derive(Debug, Clone)]
+pub(crate) struct Topics(outbox_core::Routing);
+
+impl Topics {
     /// The topic of `event`; an invalid name is a permanent failure of that event.
     pub(crate) fn topic<'a>(&'a self, event: &'a Event) -> Result<Cow<'a, str>, PublishError> {
-        let topic: Cow<'a, str> = if let Some(destination) = &event.destination {
-            Cow::Borrowed(destination)
-        } else if let Some(topic) = self.by_event_type.get(&event.event_type) {
-            Cow::Borrowed(topic)
-        } else if let Some(topic) = self.by_aggregate_type.get(&event.aggregate_type) {
-            Cow::Borrowed(topic)
-        } else if let Some(topic) = &self.default_topic {
-            Cow::Borrowed(topic)
-        } else {
-            Cow::Owned(format!("{}{}", self.prefix, event.aggregate_type))
-        };
+        let topic = self.0.destination(event);
         validate_topic(&topic).map_err(|e| PublishError::permanent(e.to_string()))?;
         Ok(topic)
     }
@@ -93,6 +107,7 @@ mod tests {
         routing
             .by_event_type
             .insert("order.paid".into(), "payments".into());
+        let routing = routing.compile();
         let topic = |e: &Event| routing.topic(e).map(|t| t.into_owned());
         assert_eq!(
             topic(&event("user", "user.created", None)).unwrap(),

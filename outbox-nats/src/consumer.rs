@@ -6,7 +6,7 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, Message as JsMessage};
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
-use outbox_core::{Headers, TRACEPARENT};
+use outbox_core::{envelope, Headers, TRACEPARENT};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -47,35 +47,37 @@ impl Metadata {
         let Some(map) = &message.headers else {
             return Err(not_event("it has no headers".into()));
         };
-        let mut all = Headers::new();
-        for (name, values) in map.iter() {
-            if let Some(value) = values.last() {
-                all.insert(name.to_string(), value.to_string());
+        // The last value of each header, as name/value pairs for the shared parser.
+        let mut pairs: Vec<(&str, &str)> = map
+            .iter()
+            .filter_map(|(name, values)| {
+                let value = values.last()?;
+                Some((AsRef::<str>::as_ref(name), AsRef::<str>::as_ref(value)))
+            })
+            .collect();
+        // JetStream's dedup header carries the id too, when the outbox header is gone.
+        if find(&pairs, headers::EVENT_ID).is_none() {
+            if let Some(id) = find(&pairs, headers::MSG_ID) {
+                pairs.push((headers::EVENT_ID, id));
             }
         }
-        let get = |name: &str| -> Result<String> {
-            all.iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.clone())
-                .ok_or_else(|| not_event(format!("header `{name}` is missing")))
-        };
-        let id_text = get(headers::EVENT_ID).or_else(|_| get(headers::MSG_ID))?;
-        let id = Uuid::parse_str(&id_text)
-            .map_err(|e| not_event(format!("event id `{id_text}` is not a UUID: {e}")))?;
-        let created_at = get(headers::CREATED_AT)
-            .ok()
-            .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+        // The creation time is optional here: absent or invalid reads as `None`.
+        let created_at = find(&pairs, headers::CREATED_AT)
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
             .map(|t| t.with_timezone(&Utc));
+        if created_at.is_none() {
+            pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(headers::CREATED_AT));
+            pairs.push((headers::CREATED_AT, "1970-01-01T00:00:00Z"));
+        }
+        pairs.retain(|(k, _)| !headers::is_nats_reserved(k));
+        let meta = envelope::Metadata::from_headers(pairs).map_err(|e| not_event(e.to_string()))?;
         let metadata = Self {
-            id,
-            event_type: get(headers::EVENT_TYPE)?,
-            aggregate_type: get(headers::AGGREGATE_TYPE)?,
-            aggregate_id: get(headers::AGGREGATE_ID)?,
+            id: meta.event_id,
+            event_type: meta.event_type,
+            aggregate_type: meta.aggregate_type,
+            aggregate_id: meta.aggregate_id,
             created_at,
-            headers: all
-                .into_iter()
-                .filter(|(k, _)| !headers::is_reserved(k))
-                .collect(),
+            headers: meta.headers,
         };
         Ok(metadata)
     }
@@ -208,4 +210,12 @@ async fn wrap(message: JsMessage) -> Result<EventMessage> {
             Err(error)
         }
     }
+}
+
+/// The value of header `name` (compared ignoring ASCII case) among `pairs`.
+fn find<'a>(pairs: &[(&str, &'a str)], name: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|&(_, v)| v)
 }

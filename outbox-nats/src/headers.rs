@@ -1,17 +1,11 @@
 //! Names of the NATS headers carrying the event metadata.
+//!
+//! The metadata names are the shared envelope names of [`outbox_core::envelope`];
+//! NATS adds its dedup header and the content type.
 
 /// JetStream's dedup key header: the event id.
 pub const MSG_ID: &str = "Nats-Msg-Id";
-/// The event id (also in [`MSG_ID`], which JetStream may strip on republish).
-pub const EVENT_ID: &str = "Outbox-Event-Id";
-/// The event type.
-pub const EVENT_TYPE: &str = "Outbox-Event-Type";
-/// The aggregate type.
-pub const AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
-/// The aggregate id.
-pub const AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
-/// When the event was written, RFC 3339 with microseconds, UTC.
-pub const CREATED_AT: &str = "Outbox-Created-At";
+pub use outbox_core::envelope::{AGGREGATE_ID, AGGREGATE_TYPE, CREATED_AT, EVENT_ID, EVENT_TYPE};
 /// The content type of the payload: always `application/json`.
 pub const CONTENT_TYPE: &str = "Content-Type";
 
@@ -27,6 +21,7 @@ pub const RESERVED: [&str; 7] = [
     CONTENT_TYPE,
 ];
 
-pub(crate) fn is_reserved(name: &str) -> bool {
-    RESERVED.iter().any(|r| r.eq_ignore_ascii_case(name))
+/// The NATS-only names of [`RESERVED`] (the others are the envelope's).
+pub(crate) fn is_nats_reserved(name: &str) -> bool {
+    MSG_ID.eq_ignore_ascii_case(name) || CONTENT_TYPE.eq_ignore_ascii_case(name)
 }

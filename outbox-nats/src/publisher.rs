@@ -13,7 +13,6 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::response::Response;
 use async_nats::jetstream::{self, stream};
 use async_nats::{ConnectOptions, HeaderMap, HeaderName, HeaderValue};
-use chrono::SecondsFormat;
 use outbox_core::{Event, Outcome, PublishError, Publisher};
 use tokio::sync::Semaphore;
 
@@ -167,21 +166,13 @@ impl NatsPublisher {
             map.insert(header, value);
             Ok(())
         };
-        for (name, value) in &event.headers {
-            if !headers::is_reserved(name) {
-                insert(name, value)?;
+        let id = event.id.to_string();
+        insert(headers::MSG_ID, &id)?;
+        for (name, value) in outbox_core::envelope::headers(event) {
+            if !headers::is_nats_reserved(name) {
+                insert(name, &value)?;
             }
         }
-        let id = event.id.to_string();
-        let created_at = event
-            .created_at
-            .to_rfc3339_opts(SecondsFormat::Micros, true);
-        insert(headers::MSG_ID, &id)?;
-        insert(headers::EVENT_ID, &id)?;
-        insert(headers::EVENT_TYPE, &event.event_type)?;
-        insert(headers::AGGREGATE_TYPE, &event.aggregate_type)?;
-        insert(headers::AGGREGATE_ID, &event.aggregate_id)?;
-        insert(headers::CREATED_AT, &created_at)?;
         insert(headers::CONTENT_TYPE, "application/json")?;
         Ok((subject, map))
     }

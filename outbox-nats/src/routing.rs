@@ -1,8 +1,6 @@
 //! Which subject an event is published to.
 
-use std::collections::HashMap;
-
-use outbox_core::Event;
+use outbox_core::{Event, Routing};
 
 use crate::error::{Error, Result};
 
@@ -17,8 +15,7 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubjectRouting {
     prefix: String,
-    by_event_type: HashMap<String, String>,
-    by_aggregate_type: HashMap<String, String>,
+    rules: Routing,
 }
 
 impl Default for SubjectRouting {
@@ -30,17 +27,15 @@ impl Default for SubjectRouting {
 impl SubjectRouting {
     /// Route every event to `<prefix>.<event_type>`. The default prefix is `outbox`.
     pub fn new(prefix: impl Into<String>) -> Self {
-        Self {
-            prefix: prefix.into(),
-            by_event_type: HashMap::new(),
-            by_aggregate_type: HashMap::new(),
-        }
+        let prefix = prefix.into();
+        let rules = Routing::new(format!("{prefix}.{{event_type}}"));
+        Self { prefix, rules }
     }
 
     /// Publish events of `event_type` to `subject`.
     #[must_use]
     pub fn event_type(mut self, event_type: impl Into<String>, subject: impl Into<String>) -> Self {
-        self.by_event_type.insert(event_type.into(), subject.into());
+        self.rules = self.rules.event_type(event_type, subject);
         self
     }
 
@@ -51,8 +46,7 @@ impl SubjectRouting {
         aggregate_type: impl Into<String>,
         subject: impl Into<String>,
     ) -> Self {
-        self.by_aggregate_type
-            .insert(aggregate_type.into(), subject.into());
+        self.rules = self.rules.aggregate_type(aggregate_type, subject);
         self
     }
 
@@ -63,15 +57,7 @@ impl SubjectRouting {
 
     /// The subject `event` is published to, validated.
     pub fn subject(&self, event: &Event) -> Result<String, String> {
-        let subject = if let Some(destination) = &event.destination {
-            destination.clone()
-        } else if let Some(subject) = self.by_event_type.get(&event.event_type) {
-            subject.clone()
-        } else if let Some(subject) = self.by_aggregate_type.get(&event.aggregate_type) {
-            subject.clone()
-        } else {
-            format!("{}.{}", self.prefix, event.event_type)
-        };
+        let subject = self.rules.destination(event).into_owned();
         validate_subject(&subject)?;
         Ok(subject)
     }
@@ -79,8 +65,8 @@ impl SubjectRouting {
     /// Check the prefix and every configured subject.
     pub(crate) fn validate(&self) -> Result<()> {
         validate_subject(&self.prefix).map_err(|r| Error::config("subject prefix", r))?;
-        for (key, subject) in self.by_event_type.iter().chain(&self.by_aggregate_type) {
-            validate_subject(subject).map_err(|r| Error::config(format!("route `{key}`"), r))?;
+        for subject in self.rules.configured() {
+            validate_subject(subject).map_err(|r| Error::config("route", r))?;
         }
         Ok(())
     }

@@ -3,38 +3,23 @@
 use std::collections::HashMap;
 
 use aws_sdk_sqs::types::{Message, MessageAttributeValue};
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
+use outbox_core::envelope::{self, EnvelopeError};
 use outbox_core::{Event, Headers, TRACEPARENT};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
 
-/// Attribute with the event id: the consumer's dedup key (on FIFO queues also the
-/// `MessageDeduplicationId`).
-pub const ATTR_EVENT_ID: &str = "outbox-event-id";
-/// Attribute with the event type.
-pub const ATTR_EVENT_TYPE: &str = "outbox-event-type";
-/// Attribute with the aggregate type.
-pub const ATTR_AGGREGATE_TYPE: &str = "outbox-aggregate-type";
-/// Attribute with the aggregate id (on FIFO queues also the `MessageGroupId`).
-pub const ATTR_AGGREGATE_ID: &str = "outbox-aggregate-id";
-/// Attribute with the creation time of the event, RFC 3339 in UTC.
-pub const ATTR_CREATED_AT: &str = "outbox-created-at";
+pub use outbox_core::envelope::{
+    AGGREGATE_ID as ATTR_AGGREGATE_ID, AGGREGATE_TYPE as ATTR_AGGREGATE_TYPE,
+    CREATED_AT as ATTR_CREATED_AT, EVENT_ID as ATTR_EVENT_ID, EVENT_TYPE as ATTR_EVENT_TYPE,
+};
 /// Attribute with all user headers as one JSON object, used when they do not fit
 /// as separate attributes (see the crate docs).
 pub const ATTR_HEADERS: &str = "outbox-headers";
 
 /// SQS's limit of message attributes per message.
 pub const MAX_ATTRIBUTES: usize = 10;
-
-const RESERVED: [&str; 6] = [
-    ATTR_EVENT_ID,
-    ATTR_EVENT_TYPE,
-    ATTR_AGGREGATE_TYPE,
-    ATTR_AGGREGATE_ID,
-    ATTR_CREATED_AT,
-    ATTR_HEADERS,
-];
 
 const STRING: &str = "String";
 
@@ -45,39 +30,39 @@ const STRING: &str = "String";
 /// names and values SQS accepts; otherwise all of them travel as one JSON object in
 /// [`ATTR_HEADERS`]. Nothing is dropped.
 pub(crate) fn attributes(event: &Event) -> Vec<(String, String)> {
-    let mut out = vec![
-        (ATTR_EVENT_ID.to_string(), event.id.to_string()),
-        (ATTR_EVENT_TYPE.to_string(), event.event_type.clone()),
-        (
-            ATTR_AGGREGATE_TYPE.to_string(),
-            event.aggregate_type.clone(),
-        ),
-        (ATTR_AGGREGATE_ID.to_string(), event.aggregate_id.clone()),
-        (
-            ATTR_CREATED_AT.to_string(),
-            event
-                .created_at
-                .to_rfc3339_opts(SecondsFormat::Micros, true),
-        ),
-    ];
-    let mut rest: Vec<(&String, &String)> = Vec::new();
-    for (name, value) in &event.headers {
-        if name == TRACEPARENT && !value.is_empty() {
-            out.push((name.clone(), value.clone()));
-        } else {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut rest: Vec<(&str, &str)> = Vec::new();
+    for (name, value) in envelope::headers(event) {
+        // The envelope leaves out user headers with reserved names, so a reserved
+        // name here is the metadata.
+        if envelope::is_reserved(name) || (name == TRACEPARENT && !value.is_empty()) {
+            out.push((name.to_string(), value.into_owned()));
+        } else if let Some((name, value)) = event.headers.get_key_value(name) {
             rest.push((name, value));
         }
     }
+    // User headers with reserved names are not dropped: their names are not valid
+    // attributes, so they travel packed in `ATTR_HEADERS`.
+    rest.extend(
+        event
+            .headers
+            .iter()
+            .filter(|(n, _)| envelope::is_reserved(n))
+            .map(|(n, v)| (n.as_str(), v.as_str())),
+    );
     let fit = out.len() + rest.len() <= MAX_ATTRIBUTES
         && rest
             .iter()
             .all(|(n, v)| valid_attribute_name(n) && !v.is_empty());
     if fit {
-        out.extend(rest.into_iter().map(|(n, v)| (n.clone(), v.clone())));
+        out.extend(
+            rest.into_iter()
+                .map(|(n, v)| (n.to_string(), v.to_string())),
+        );
     } else if !rest.is_empty() {
         let object: serde_json::Map<String, serde_json::Value> = rest
             .into_iter()
-            .map(|(n, v)| (n.clone(), serde_json::Value::String(v.clone())))
+            .map(|(n, v)| (n.to_string(), serde_json::Value::String(v.to_string())))
             .collect();
         out.push((
             ATTR_HEADERS.to_string(),
@@ -110,7 +95,8 @@ fn valid_attribute_name(name: &str) -> bool {
         && !name.contains("..")
         && !lower.starts_with("aws.")
         && !lower.starts_with("amazon.")
-        && !RESERVED.contains(&name)
+        && !envelope::is_reserved(name)
+        && name != ATTR_HEADERS
 }
 
 pub(crate) fn attribute_value(value: String) -> Option<MessageAttributeValue> {
@@ -158,34 +144,23 @@ impl Received {
 
     /// Read the metadata from message attributes.
     pub fn from_attributes(attributes: &HashMap<String, MessageAttributeValue>) -> Result<Self> {
-        let get = |name: &'static str| -> Result<String> {
-            attributes
-                .get(name)
-                .and_then(|v| v.string_value())
-                .map(str::to_string)
-                .ok_or(Error::MissingAttribute { name })
-        };
-        let id = get(ATTR_EVENT_ID)?;
-        let event_id = Uuid::parse_str(&id).map_err(|e| Error::InvalidAttribute {
-            name: ATTR_EVENT_ID,
-            reason: format!("{id:?} is not a UUID: {e}"),
+        let mut pairs: Vec<(&str, &str)> = attributes
+            .iter()
+            .filter(|(name, _)| name.as_str() != ATTR_HEADERS)
+            .filter_map(|(name, value)| Some((name.as_str(), value.string_value()?)))
+            .collect();
+        // Names are compared without case and the first of a repeated one wins: the
+        // exact names first, so the result does not depend on the map's order.
+        pairs.sort_by_key(|(name, _)| !envelope::RESERVED.contains(name));
+        let meta = envelope::Metadata::from_headers(pairs).map_err(|e| match e {
+            EnvelopeError::Missing(name) => Error::MissingAttribute { name },
+            EnvelopeError::Malformed { name, reason } => Error::InvalidAttribute { name, reason },
+            other => Error::InvalidAttribute {
+                name: ATTR_EVENT_ID,
+                reason: other.to_string(),
+            },
         })?;
-        let at = get(ATTR_CREATED_AT)?;
-        let created_at = DateTime::parse_from_rfc3339(&at)
-            .map_err(|e| Error::InvalidAttribute {
-                name: ATTR_CREATED_AT,
-                reason: format!("{at:?} is not an RFC 3339 time: {e}"),
-            })?
-            .with_timezone(&Utc);
-        let mut headers = Headers::new();
-        for (name, value) in attributes {
-            if RESERVED.contains(&name.as_str()) {
-                continue;
-            }
-            if let Some(text) = value.string_value() {
-                headers.insert(name.clone(), text.to_string());
-            }
-        }
+        let mut headers = meta.headers;
         if let Some(packed) = attributes.get(ATTR_HEADERS).and_then(|v| v.string_value()) {
             let object: HashMap<String, String> =
                 serde_json::from_str(packed).map_err(|e| Error::InvalidAttribute {
@@ -195,11 +170,11 @@ impl Received {
             headers.extend(object);
         }
         Ok(Self {
-            event_id,
-            event_type: get(ATTR_EVENT_TYPE)?,
-            aggregate_type: get(ATTR_AGGREGATE_TYPE)?,
-            aggregate_id: get(ATTR_AGGREGATE_ID)?,
-            created_at,
+            event_id: meta.event_id,
+            event_type: meta.event_type,
+            aggregate_type: meta.aggregate_type,
+            aggregate_id: meta.aggregate_id,
+            created_at: meta.created_at,
             headers,
         })
     }

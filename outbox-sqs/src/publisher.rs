@@ -10,7 +10,7 @@ use outbox_core::{Event, Outcome, PublishError, Publisher};
 
 use crate::config::SqsConfig;
 use crate::envelope::{self, attribute_value};
-use crate::routing::{is_fifo, Routing, Target};
+use crate::routing::{is_fifo, Queues, Target};
 
 /// Most entries in one `SendMessageBatch`.
 const MAX_BATCH_ENTRIES: usize = 10;
@@ -30,7 +30,7 @@ const MAX_BATCH_ENTRIES: usize = 10;
 #[derive(Debug)]
 pub struct SqsPublisher {
     client: aws_sdk_sqs::Client,
-    routing: Routing,
+    routing: Queues,
     max_message_bytes: usize,
     concurrency: usize,
     urls: Mutex<HashMap<String, String>>,
@@ -50,7 +50,7 @@ impl SqsPublisher {
     pub fn from_client(client: aws_sdk_sqs::Client, config: SqsConfig) -> Self {
         Self {
             client,
-            routing: config.routing,
+            routing: config.routing.compile(),
             max_message_bytes: config.max_message_bytes,
             concurrency: config.concurrency,
             urls: Mutex::new(HashMap::new()),

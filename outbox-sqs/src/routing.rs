@@ -25,18 +25,36 @@ pub(crate) enum Target {
 }
 
 impl Routing {
-    pub(crate) fn target(&self, event: &Event) -> Result<Target, PublishError> {
-        let queue = if let Some(destination) = &event.destination {
-            destination.clone()
-        } else if let Some(queue) = self.by_event_type.get(&event.event_type) {
-            queue.clone()
-        } else if let Some(queue) = self.by_aggregate_type.get(&event.aggregate_type) {
-            queue.clone()
-        } else if let Some(queue) = &self.default_queue {
-            queue.clone()
-        } else {
-            format!("{}{}", self.prefix, event.aggregate_type)
+    /// The rule as used by the publisher.
+    pub(crate) fn compile(&self) -> Queues {
+        let template = match &self.default_queue {
+            Some(queue) => queue.clone(),
+            None => format!("{}{{aggregate_type}}", self.prefix),
         };
+        let mut rules = outbox_core::Routing::new(template);
+        for (aggregate_type, queue) in &self.by_aggregate_type {
+            rules = rules.aggregate_type(aggregate_type, queue);
+        }
+        for (event_type, queue) in &self.by_event_type {
+            rules = rules.event_type(event_type, queue);
+        }
+        Queues {
+            default_queue: self.default_queue.clone(),
+            rules,
+        }
+    }
+}
+
+/// The compiled routing rule of a publisher (the shared [`outbox_core::Routing`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Queues {
+    pub(crate) default_queue: Option<String>,
+    rules: outbox_core::Routing,
+}
+
+impl Queues {
+    pub(crate) fn target(&self, event: &Event) -> Result<Target, PublishError> {
+        let queue = self.rules.destination(event);
         parse_target(&queue).map_err(|e| PublishError::permanent(e.to_string()))
     }
 }

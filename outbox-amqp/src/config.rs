@@ -89,6 +89,13 @@ impl AmqpConfig {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
+    /// Like [`AmqpConfig::from_env`], from the given variables (e.g. a config file's
+    /// values overlaid by the environment).
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+        let vars: std::collections::HashMap<String, String> = vars.into_iter().collect();
+        Self::from_lookup(|name| vars.get(name).cloned())
+    }
+
     pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let var = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let mut config = Self::default();

@@ -1,6 +1,6 @@
 //! The broker the relay publishes to, chosen by `broker.kind` / `OUTBOX_BROKER`.
 //!
-//! Each adapter reads its own `OUTBOX_<BROKER>_*` variables (`from_env`); keys of the
+//! Each adapter reads its own `OUTBOX_<BROKER>_*` variables (`from_vars`); keys of the
 //! `[broker.<kind>]` section are the defaults of those variables, so the environment
 //! wins over the file as everywhere else. Routing rules come from `[routing]`.
 
@@ -158,17 +158,32 @@ fn invalid(e: impl std::fmt::Display) -> Failure {
     Failure::config(format!("broker: {e}"))
 }
 
-/// Set `name` to `value` unless the environment already has it: the file gives
-/// defaults, the environment wins.
+/// The adapter's variables: the process environment, with the config file's values
+/// as defaults for those the environment does not set (the environment wins).
 #[cfg_attr(
     not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
     allow(dead_code)
 )]
-fn default_env(name: &str, value: Option<String>) {
-    let set = std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
-    if let (false, Some(value)) = (set, value) {
-        // Only called from `main` before the runtime (and any other thread) starts.
-        std::env::set_var(name, value);
+struct Vars(std::collections::BTreeMap<String, String>);
+
+#[cfg_attr(
+    not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
+    allow(dead_code)
+)]
+impl Vars {
+    fn from_env() -> Self {
+        Self(std::env::vars().collect())
+    }
+
+    fn default(&mut self, name: &str, value: Option<String>) {
+        let set = self.0.get(name).is_some_and(|v| !v.trim().is_empty());
+        if let (false, Some(value)) = (set, value) {
+            self.0.insert(name.to_string(), value);
+        }
+    }
+
+    fn take(&mut self) -> std::collections::BTreeMap<String, String> {
+        std::mem::take(&mut self.0)
     }
 }
 
@@ -190,22 +205,27 @@ fn read_kind(
     routing: &RoutingSection,
 ) -> Result<Spec, Failure> {
     let bad = |e: &dyn std::fmt::Display| Failure::config(format!("broker {kind}: {e}"));
+    #[cfg_attr(
+        not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
+        allow(unused_mut, unused_variables)
+    )]
+    let mut vars = Vars::from_env();
     match kind {
         #[cfg(feature = "nats")]
         "nats" => {
             let file = &broker.nats;
-            default_env("OUTBOX_NATS_URL", file.url.clone());
-            default_env("OUTBOX_NATS_SUBJECT_PREFIX", file.subject_prefix.clone());
-            default_env("OUTBOX_NATS_TIMEOUT_MS", millis(file.timeout));
-            default_env(
+            vars.default("OUTBOX_NATS_URL", file.url.clone());
+            vars.default("OUTBOX_NATS_SUBJECT_PREFIX", file.subject_prefix.clone());
+            vars.default("OUTBOX_NATS_TIMEOUT_MS", millis(file.timeout));
+            vars.default(
                 "OUTBOX_NATS_MAX_IN_FLIGHT",
                 file.max_in_flight.map(|n| n.to_string()),
             );
-            default_env("OUTBOX_NATS_CLIENT_NAME", file.client_name.clone());
-            default_env("OUTBOX_NATS_USER", file.user.clone());
-            default_env("OUTBOX_NATS_PASSWORD", file.password.clone());
-            default_env("OUTBOX_NATS_TOKEN", file.token.clone());
-            let config = outbox_nats::NatsConfig::from_env().map_err(|e| bad(&e))?;
+            vars.default("OUTBOX_NATS_CLIENT_NAME", file.client_name.clone());
+            vars.default("OUTBOX_NATS_USER", file.user.clone());
+            vars.default("OUTBOX_NATS_PASSWORD", file.password.clone());
+            vars.default("OUTBOX_NATS_TOKEN", file.token.clone());
+            let config = outbox_nats::NatsConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             let mut rules = outbox_nats::SubjectRouting::new(config.routing.prefix());
             for (event_type, subject) in &routing.event_type {
                 rules = rules.event_type(event_type, subject);
@@ -220,11 +240,11 @@ fn read_kind(
         #[cfg(feature = "amqp")]
         "amqp" => {
             let file = &broker.amqp;
-            default_env("OUTBOX_AMQP_URL", file.url.clone());
-            default_env("OUTBOX_AMQP_EXCHANGE", file.exchange.clone());
-            default_env("OUTBOX_AMQP_TIMEOUT_MS", millis(file.timeout));
-            default_env("OUTBOX_AMQP_CONNECTION_NAME", file.connection_name.clone());
-            let config = outbox_amqp::AmqpConfig::from_env().map_err(|e| bad(&e))?;
+            vars.default("OUTBOX_AMQP_URL", file.url.clone());
+            vars.default("OUTBOX_AMQP_EXCHANGE", file.exchange.clone());
+            vars.default("OUTBOX_AMQP_TIMEOUT_MS", millis(file.timeout));
+            vars.default("OUTBOX_AMQP_CONNECTION_NAME", file.connection_name.clone());
+            let config = outbox_amqp::AmqpConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             let exchange = config.routing.exchange().to_string();
             let mut rules = outbox_amqp::AmqpRouting::new(exchange.clone());
             // A destination is `exchange/routing_key`, or a routing key on the default exchange.
@@ -251,12 +271,13 @@ fn read_kind(
                 ENV_TOPIC, ENV_TOPIC_PREFIX,
             };
             let file = &broker.kafka;
-            default_env(ENV_BROKERS, file.brokers.clone());
-            default_env(ENV_TOPIC_PREFIX, file.topic_prefix.clone());
-            default_env(ENV_TOPIC, file.topic.clone());
-            default_env(ENV_DELIVERY_TIMEOUT_MS, millis(file.delivery_timeout));
-            default_env(ENV_QUEUE_TIMEOUT_MS, millis(file.queue_timeout));
-            let mut config = outbox_kafka::KafkaConfig::from_env().map_err(|e| bad(&e))?;
+            vars.default(ENV_BROKERS, file.brokers.clone());
+            vars.default(ENV_TOPIC_PREFIX, file.topic_prefix.clone());
+            vars.default(ENV_TOPIC, file.topic.clone());
+            vars.default(ENV_DELIVERY_TIMEOUT_MS, millis(file.delivery_timeout));
+            vars.default(ENV_QUEUE_TIMEOUT_MS, millis(file.queue_timeout));
+            let mut config =
+                outbox_kafka::KafkaConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             for (key, value) in &file.properties {
                 let var = format!(
                     "{ENV_RDKAFKA_PREFIX}{}",
@@ -280,12 +301,12 @@ fn read_kind(
                 ENV_ENDPOINT, ENV_QUEUE, ENV_QUEUE_PREFIX, ENV_REGION, ENV_TIMEOUT_MS,
             };
             let file = &broker.sqs;
-            default_env(ENV_QUEUE, file.queue.clone());
-            default_env(ENV_QUEUE_PREFIX, file.queue_prefix.clone());
-            default_env(ENV_ENDPOINT, file.endpoint.clone());
-            default_env(ENV_REGION, file.region.clone());
-            default_env(ENV_TIMEOUT_MS, millis(file.timeout));
-            let mut config = outbox_sqs::SqsConfig::from_env().map_err(|e| bad(&e))?;
+            vars.default(ENV_QUEUE, file.queue.clone());
+            vars.default(ENV_QUEUE_PREFIX, file.queue_prefix.clone());
+            vars.default(ENV_ENDPOINT, file.endpoint.clone());
+            vars.default(ENV_REGION, file.region.clone());
+            vars.default(ENV_TIMEOUT_MS, millis(file.timeout));
+            let mut config = outbox_sqs::SqsConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             for (event_type, queue) in &routing.event_type {
                 config = config.route_event_type(event_type, queue);
             }
@@ -300,5 +321,31 @@ fn read_kind(
             }
             Ok(Spec::Stdout)
         }
+    }
+}
+
+#[cfg(test)]
+mod vars_tests {
+    use super::Vars;
+
+    #[test]
+    fn environment_wins_over_the_file_and_empty_values_count_as_unset() {
+        let mut vars = Vars(
+            [
+                ("OUTBOX_X_URL".to_string(), "from-env".to_string()),
+                ("OUTBOX_X_NAME".to_string(), " ".to_string()),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        vars.default("OUTBOX_X_URL", Some("from-file".into()));
+        vars.default("OUTBOX_X_NAME", Some("file-name".into()));
+        vars.default("OUTBOX_X_TIMEOUT_MS", Some("500".into()));
+        vars.default("OUTBOX_X_USER", None);
+        let map = vars.take();
+        assert_eq!(map["OUTBOX_X_URL"], "from-env");
+        assert_eq!(map["OUTBOX_X_NAME"], "file-name");
+        assert_eq!(map["OUTBOX_X_TIMEOUT_MS"], "500");
+        assert!(!map.contains_key("OUTBOX_X_USER"));
     }
 }

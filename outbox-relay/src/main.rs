@@ -91,7 +91,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
     };
     init_logging(cli.log_format, default_level)?;
     let settings = config::load(cli.config.as_deref())?;
-    // Reading the broker settings may set environment variables: before any thread starts.
+    // Broker settings are read (and validated) before the runtime starts: a bad one is a config error.
     let broker = match cli.command {
         Command::Relay => Some(broker::Spec::read(&settings)?),
         _ => None,

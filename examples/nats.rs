@@ -11,67 +11,30 @@
 //! come from `OUTBOX_NATS_URL` (default `nats://127.0.0.1:4222`) and the other
 //! `OUTBOX_NATS_*` variables. The stream `OUTBOX_ORDERS` captures `<prefix>.>`.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+#[path = "shared/order_service.rs"]
+mod order_service;
+
 use std::time::Duration;
 
 use outbox::nats::{EventConsumer, EventMessage, NatsConfig};
-use outbox::postgres::{migrate, Inbox, Outbox, PgStore, Processed, Tables};
-use outbox::{NewEvent, Relay, RelayConfig};
+use outbox::postgres::{Inbox, Outbox, PgStore};
+use outbox::Relay;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+use order_service::{ConsumeUntil, Error, Pending};
+
 const STREAM: &str = "OUTBOX_ORDERS";
-
-/// Event ids committed by this run and not consumed yet, and whether all are committed.
-type Pending = Arc<Mutex<(HashSet<Uuid>, bool)>>;
-
-fn lock(pending: &Pending) -> std::sync::MutexGuard<'_, (HashSet<Uuid>, bool)> {
-    pending
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn,async_nats=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(error) = run().await {
-        eprintln!("nats: {error}");
-        std::process::exit(1);
-    }
+    order_service::init_tracing("info,sqlx=warn,async_nats=warn");
+    order_service::exit_on_error("nats", run().await);
 }
 
-async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let orders: Option<u32> = match std::env::args().skip_while(|a| a != "--orders").nth(1) {
-        Some(n) => Some(
-            n.parse()
-                .map_err(|_| format!("--orders expects a number, got {n:?}"))?,
-        ),
-        None => None,
-    };
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string());
-    let pool = PgStore::connect(&url, 4, Duration::from_secs(60))
-        .await
-        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
-    let tables = Tables::default();
-    migrate(&pool, &tables).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS orders (
-            id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            customer text NOT NULL,
-            total_cents bigint NOT NULL,
-            created_at timestamptz NOT NULL DEFAULT now())",
-    )
-    .execute(&pool)
-    .await?;
+async fn run() -> Result<(), Error> {
+    let orders = order_service::orders_arg(None)?;
+    let (pool, tables) = order_service::connect().await?;
 
     // The publisher and its stream (idempotent), then a durable consumer on it.
     let config = NatsConfig::from_env()?;
@@ -88,85 +51,23 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     let outbox = Outbox::new(tables.clone());
     let store = PgStore::new(pool.clone(), tables);
-    let relay = Relay::new(store, publisher).with_config(RelayConfig {
-        poll_interval: Duration::from_millis(50),
-        ..RelayConfig::default()
-    });
+    let relay = Relay::new(store, publisher).with_config(order_service::relay_config());
     let inbox = Inbox::new(&outbox, "billing")?;
 
-    let stop = CancellationToken::new();
-    tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("nats: Ctrl-C, finishing the batch in flight");
-            }
-            stop.cancel();
-        }
-    });
-    let pending: Pending = Arc::default();
-    let producer = produce(&pool, &outbox, orders, &pending, &stop);
-    let consumer = consume(consumer, &pool, &inbox, orders.is_some(), &pending, &stop);
-    let app = async {
-        let result = tokio::try_join!(producer, consumer);
-        stop.cancel();
-        result
-    };
-    let ((), app) = tokio::join!(relay.run(stop.clone().cancelled_owned()), app);
-    let ((), processed) = app?;
+    let stop = order_service::stop_on_ctrl_c("nats");
+    let pending = Pending::default();
+    let processed = order_service::run_service(
+        &stop,
+        relay.run(stop.clone().cancelled_owned()),
+        order_service::produce("nats", &pool, &outbox, orders, Some(&pending), &stop),
+        consume(consumer, &pool, &inbox, orders.is_some(), &pending, &stop),
+    )
+    .await?;
     eprintln!(
         "nats: published {} events, processed {processed}, bye",
         relay.stats().snapshot().published
     );
     pool.close().await;
-    Ok(())
-}
-
-/// Create orders, each with its event in the same transaction: `count` of them, or one
-/// a second until Ctrl-C.
-async fn produce(
-    pool: &PgPool,
-    outbox: &Outbox,
-    count: Option<u32>,
-    pending: &Pending,
-    stop: &CancellationToken,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let customers = ["ada", "grace", "linus", "barbara"];
-    let mut n: u32 = 0;
-    while !stop.is_cancelled() && count.map_or(true, |c| n < c) {
-        let customer = customers[n as usize % customers.len()];
-        let total_cents = 1_000 + i64::from(n) * 250;
-        let mut tx = pool.begin().await?;
-        let order_id: i64 = sqlx::query_scalar(
-            "INSERT INTO orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
-        )
-        .bind(customer)
-        .bind(total_cents)
-        .fetch_one(&mut *tx)
-        .await?;
-        let event = NewEvent::new(
-            "order",
-            order_id.to_string(),
-            "order.created",
-            &serde_json::json!({ "order_id": order_id, "customer": customer, "total_cents": total_cents }),
-        );
-        outbox.enqueue(&mut tx, &event).await?;
-        // Before the commit: the consumer may see the event right after it.
-        lock(pending).0.insert(event.id);
-        tx.commit().await?;
-        eprintln!(
-            "nats: created order {order_id} for {customer} (event {})",
-            event.id
-        );
-        n += 1;
-        if count.is_none() {
-            tokio::select! {
-                () = stop.cancelled() => {}
-                () = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
-    }
-    lock(pending).1 = true;
     Ok(())
 }
 
@@ -179,21 +80,16 @@ async fn consume(
     demo: bool,
     pending: &Pending,
     stop: &CancellationToken,
-) -> Result<u64, Box<dyn std::error::Error>> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+) -> Result<u64, Error> {
+    let until = ConsumeUntil::new(demo);
     let mut processed = 0;
     loop {
-        if demo {
-            let pending = lock(pending);
-            if pending.1 && pending.0.is_empty() {
-                return Ok(processed);
-            }
+        if until.done(pending) {
+            return Ok(processed);
         }
         let message = tokio::select! {
             () = stop.cancelled() => return Ok(processed),
-            () = tokio::time::sleep_until(deadline), if demo => {
-                return Err("not every event was consumed within 60 s".into());
-            }
+            error = until.timeout() => return Err(error),
             // Wake up now and then to see whether the demo is complete.
             message = tokio::time::timeout(Duration::from_millis(200), consumer.next()) => match message {
                 Ok(message) => message,
@@ -210,23 +106,17 @@ async fn consume(
         };
         let meta = message.metadata.clone();
         let payload = String::from_utf8_lossy(message.payload()).into_owned();
-        let outcome = inbox
-            .process(pool, meta.id, |_conn| {
-                // Business effects go here, on `_conn`, in the inbox's transaction.
-                Box::pin(async { Ok::<(), sqlx::Error>(()) })
-            })
-            .await?;
-        match outcome {
-            Processed::First(()) => {
-                processed += 1;
-                println!(
-                    "billing: {} {}/{} event {} {payload}",
-                    meta.event_type, meta.aggregate_type, meta.aggregate_id, meta.id
-                );
-            }
-            Processed::Duplicate => println!("billing: duplicate event {} skipped", meta.id),
+        if order_service::process(inbox, pool, meta.id, || {
+            format!(
+                "{} {}/{} event {} {payload}",
+                meta.event_type, meta.aggregate_type, meta.aggregate_id, meta.id
+            )
+        })
+        .await?
+        {
+            processed += 1;
         }
         message.ack().await?;
-        lock(pending).0.remove(&meta.id);
+        pending.consumed(meta.id);
     }
 }

@@ -10,72 +10,35 @@
 //! cargo run -p outbox-examples --bin quickstart
 //! ```
 
+#[path = "shared/order_service.rs"]
+mod order_service;
+
 use std::time::Duration;
 
-use outbox::postgres::{migrate, Outbox, PgStore, Tables};
-use outbox::{NewEvent, Relay, RelayConfig, StdoutPublisher, Store};
+use outbox::postgres::{Outbox, PgStore};
+use outbox::{Relay, StdoutPublisher, Store};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+use order_service::Error;
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(error) = run().await {
-        eprintln!("quickstart: {error}");
-        std::process::exit(1);
-    }
+    order_service::init_tracing("info,sqlx=warn");
+    order_service::exit_on_error("quickstart", run().await);
 }
 
-async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let orders: Option<u32> = match std::env::args().skip_while(|a| a != "--orders").nth(1) {
-        Some(n) => Some(
-            n.parse()
-                .map_err(|_| format!("--orders expects a number, got {n:?}"))?,
-        ),
-        None => None,
-    };
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string());
-    let pool = PgStore::connect(&url, 4, Duration::from_secs(60))
-        .await
-        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+async fn run() -> Result<(), Error> {
+    let orders = order_service::orders_arg(None)?;
 
     // 1. Schema: the outbox (idempotent) and the business table.
-    let tables = Tables::default();
-    migrate(&pool, &tables).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS orders (
-            id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            customer text NOT NULL,
-            total_cents bigint NOT NULL,
-            created_at timestamptz NOT NULL DEFAULT now())",
-    )
-    .execute(&pool)
-    .await?;
+    let (pool, tables) = order_service::connect().await?;
 
     // 2. The relay, publishing to stdout, until Ctrl-C (or until the demo is done).
     let store = PgStore::new(pool.clone(), tables.clone());
-    let relay = Relay::new(store.clone(), StdoutPublisher).with_config(RelayConfig {
-        poll_interval: Duration::from_millis(50),
-        ..RelayConfig::default()
-    });
-    let stop = CancellationToken::new();
-    tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("quickstart: Ctrl-C, finishing the batch in flight");
-            }
-            stop.cancel();
-        }
-    });
+    let relay =
+        Relay::new(store.clone(), StdoutPublisher).with_config(order_service::relay_config());
+    let stop = order_service::stop_on_ctrl_c("quickstart");
     let producer = async {
         let result = produce(&pool, &Outbox::new(tables), &store, orders, &stop).await;
         // The demo is done (or failed): stop the relay too.
@@ -99,45 +62,10 @@ async fn produce(
     store: &PgStore,
     count: Option<u32>,
     stop: &CancellationToken,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let customers = ["ada", "grace", "linus", "barbara"];
-    let mut n: u32 = 0;
-    loop {
-        if stop.is_cancelled() {
-            return Ok(());
-        }
-        if count.is_some_and(|c| n >= c) {
-            break;
-        }
-        let customer = customers[n as usize % customers.len()];
-        let total_cents = 1_000 + i64::from(n) * 250;
-        let mut tx = pool.begin().await?;
-        let order_id: i64 = sqlx::query_scalar(
-            "INSERT INTO orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
-        )
-        .bind(customer)
-        .bind(total_cents)
-        .fetch_one(&mut *tx)
-        .await?;
-        let event = NewEvent::new(
-            "order",
-            order_id.to_string(),
-            "order.created",
-            &serde_json::json!({ "order_id": order_id, "customer": customer, "total_cents": total_cents }),
-        );
-        outbox.enqueue(&mut tx, &event).await?;
-        tx.commit().await?;
-        eprintln!(
-            "quickstart: created order {order_id} for {customer} (event {})",
-            event.id
-        );
-        n += 1;
-        if count.is_none() {
-            tokio::select! {
-                () = stop.cancelled() => return Ok(()),
-                () = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
+) -> Result<(), Error> {
+    order_service::produce("quickstart", pool, outbox, count, None, stop).await?;
+    if stop.is_cancelled() {
+        return Ok(());
     }
     // Wait for the relay to publish everything before stopping it.
     for _ in 0..600 {

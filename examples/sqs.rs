@@ -14,73 +14,31 @@
 //! environment, the example uses moto's test credentials and `us-east-1`. The queue
 //! (`OUTBOX_SQS_QUEUE`, default `outbox-orders.fifo`) is created when missing.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+#[path = "shared/order_service.rs"]
+mod order_service;
+
 use std::time::Duration;
 
-use outbox::postgres::{migrate, Inbox, Outbox, PgStore, Processed, Tables};
+use outbox::postgres::{Inbox, Outbox, PgStore};
 use outbox::sqs::aws_sdk_sqs::types::QueueAttributeName;
 use outbox::sqs::{Received, SqsConfig, ENV_ENDPOINT, ENV_QUEUE};
-use outbox::{NewEvent, Relay, RelayConfig};
+use outbox::Relay;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+use order_service::{ConsumeUntil, Error, Pending};
+
 const DEFAULT_QUEUE: &str = "outbox-orders.fifo";
-
-/// Event ids committed by this run and not consumed yet, and whether all are committed.
-type Pending = Arc<Mutex<(HashSet<Uuid>, bool)>>;
-
-fn lock(pending: &Pending) -> std::sync::MutexGuard<'_, (HashSet<Uuid>, bool)> {
-    pending
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn,aws_config=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(error) = run().await {
-        eprintln!("sqs: {error}");
-        std::process::exit(1);
-    }
+    order_service::init_tracing("info,sqlx=warn,aws_config=warn");
+    order_service::exit_on_error("sqs", run().await);
 }
 
-async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let orders: Option<u32> = if args.iter().any(|a| a == "--forever") {
-        None
-    } else {
-        match args.iter().skip_while(|a| *a != "--orders").nth(1) {
-            Some(n) => Some(
-                n.parse()
-                    .map_err(|_| format!("--orders expects a number, got {n:?}"))?,
-            ),
-            None => Some(5),
-        }
-    };
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string());
-    let pool = PgStore::connect(&url, 4, Duration::from_secs(60))
-        .await
-        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
-    let tables = Tables::default();
-    migrate(&pool, &tables).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS orders (
-            id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            customer text NOT NULL,
-            total_cents bigint NOT NULL,
-            created_at timestamptz NOT NULL DEFAULT now())",
-    )
-    .execute(&pool)
-    .await?;
+async fn run() -> Result<(), Error> {
+    let orders = order_service::orders_arg(Some(5))?;
+    let (pool, tables) = order_service::connect().await?;
 
     let queue = std::env::var(ENV_QUEUE)
         .ok()
@@ -119,93 +77,31 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     let outbox = Outbox::new(tables.clone());
     let store = PgStore::new(pool.clone(), tables);
-    let relay = Relay::new(store, publisher).with_config(RelayConfig {
-        poll_interval: Duration::from_millis(50),
-        ..RelayConfig::default()
-    });
+    let relay = Relay::new(store, publisher).with_config(order_service::relay_config());
     let inbox = Inbox::new(&outbox, "billing_sqs")?;
 
-    let stop = CancellationToken::new();
-    tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("sqs: Ctrl-C, finishing the batch in flight");
-            }
-            stop.cancel();
-        }
-    });
-    let pending: Pending = Arc::default();
-    let producer = produce(&pool, &outbox, orders, &pending, &stop);
-    let consuming = consume(
-        &client,
-        &queue_url,
-        &pool,
-        &inbox,
-        orders.is_some(),
-        &pending,
+    let stop = order_service::stop_on_ctrl_c("sqs");
+    let pending = Pending::default();
+    let processed = order_service::run_service(
         &stop,
-    );
-    let app = async {
-        let result = tokio::try_join!(producer, consuming);
-        stop.cancel();
-        result
-    };
-    let ((), app) = tokio::join!(relay.run(stop.clone().cancelled_owned()), app);
-    let ((), processed) = app?;
+        relay.run(stop.clone().cancelled_owned()),
+        order_service::produce("sqs", &pool, &outbox, orders, Some(&pending), &stop),
+        consume(
+            &client,
+            &queue_url,
+            &pool,
+            &inbox,
+            orders.is_some(),
+            &pending,
+            &stop,
+        ),
+    )
+    .await?;
     eprintln!(
         "sqs: published {} events, processed {processed}, bye",
         relay.stats().snapshot().published
     );
     pool.close().await;
-    Ok(())
-}
-
-/// Create orders, each with its event in the same transaction: `count` of them, or one
-/// a second until Ctrl-C.
-async fn produce(
-    pool: &PgPool,
-    outbox: &Outbox,
-    count: Option<u32>,
-    pending: &Pending,
-    stop: &CancellationToken,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let customers = ["ada", "grace", "linus", "barbara"];
-    let mut n: u32 = 0;
-    while !stop.is_cancelled() && count.map_or(true, |c| n < c) {
-        let customer = customers[n as usize % customers.len()];
-        let total_cents = 1_000 + i64::from(n) * 250;
-        let mut tx = pool.begin().await?;
-        let order_id: i64 = sqlx::query_scalar(
-            "INSERT INTO orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
-        )
-        .bind(customer)
-        .bind(total_cents)
-        .fetch_one(&mut *tx)
-        .await?;
-        let event = NewEvent::new(
-            "order",
-            order_id.to_string(),
-            "order.created",
-            &serde_json::json!({ "order_id": order_id, "customer": customer, "total_cents": total_cents }),
-        );
-        outbox.enqueue(&mut tx, &event).await?;
-        // Before the commit: the consumer may see the event right after it.
-        lock(pending).0.insert(event.id);
-        tx.commit().await?;
-        eprintln!(
-            "sqs: created order {order_id} for {customer} (event {})",
-            event.id
-        );
-        n += 1;
-        if count.is_none() {
-            tokio::select! {
-                () = stop.cancelled() => {}
-                () = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
-    }
-    lock(pending).1 = true;
     Ok(())
 }
 
@@ -220,15 +116,12 @@ async fn consume(
     demo: bool,
     pending: &Pending,
     stop: &CancellationToken,
-) -> Result<u64, Box<dyn std::error::Error>> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+) -> Result<u64, Error> {
+    let until = ConsumeUntil::new(demo);
     let mut processed = 0;
     loop {
-        if demo {
-            let pending = lock(pending);
-            if pending.1 && pending.0.is_empty() {
-                return Ok(processed);
-            }
+        if until.done(pending) {
+            return Ok(processed);
         }
         let receive = client
             .receive_message()
@@ -239,9 +132,7 @@ async fn consume(
             .send();
         let received = tokio::select! {
             () = stop.cancelled() => return Ok(processed),
-            () = tokio::time::sleep_until(deadline), if demo => {
-                return Err("not every event was consumed within 60 s".into());
-            }
+            error = until.timeout() => return Err(error),
             received = receive => received,
         };
         let received = match received {
@@ -260,27 +151,19 @@ async fn consume(
                     continue;
                 }
             };
-            let outcome = inbox
-                .process(pool, meta.event_id, |_conn| {
-                    // Business effects go here, on `_conn`, in the inbox's transaction.
-                    Box::pin(async { Ok::<(), sqlx::Error>(()) })
-                })
-                .await?;
-            match outcome {
-                Processed::First(()) => {
-                    processed += 1;
-                    println!(
-                        "billing: {} {}/{} event {} {}",
-                        meta.event_type,
-                        meta.aggregate_type,
-                        meta.aggregate_id,
-                        meta.event_id,
-                        message.body().unwrap_or_default()
-                    );
-                }
-                Processed::Duplicate => {
-                    println!("billing: duplicate event {} skipped", meta.event_id)
-                }
+            if order_service::process(inbox, pool, meta.event_id, || {
+                format!(
+                    "{} {}/{} event {} {}",
+                    meta.event_type,
+                    meta.aggregate_type,
+                    meta.aggregate_id,
+                    meta.event_id,
+                    message.body().unwrap_or_default()
+                )
+            })
+            .await?
+            {
+                processed += 1;
             }
             if let Some(handle) = message.receipt_handle() {
                 client
@@ -290,7 +173,7 @@ async fn consume(
                     .send()
                     .await?;
             }
-            lock(pending).0.remove(&meta.event_id);
+            pending.consumed(meta.event_id);
         }
     }
 }

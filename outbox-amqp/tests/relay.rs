@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::proxy::Proxy;
 use common::{amqp_addr, amqp_url, url_via, AmqpTarget};
+use outbox_core::conformance::proxy::TcpProxy;
 use outbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
 use outbox_postgres::testing::TestOutbox;
 use outbox_postgres::{DeadLetterFilter, DeadLetters};
@@ -138,7 +138,7 @@ async fn events_from_postgres_reach_the_queue_in_order() {
 async fn outage_keeps_events_in_the_outbox_until_the_broker_is_back() {
     let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
     let target = AmqpTarget::new().await;
-    let proxy = Proxy::start(amqp_addr()).await.expect("proxy");
+    let proxy = TcpProxy::start(amqp_addr()).expect("proxy");
     let publisher = target
         .config(&url_via(proxy.addr()))
         .timeout(Duration::from_secs(2))

@@ -50,6 +50,8 @@ use uuid::Uuid;
 use crate::event::{Event, Headers, TRACEPARENT};
 use crate::publisher::{FailureKind, Outcome, Publisher};
 
+pub mod proxy;
+
 /// Error type of the target's methods: anything, shown in the panic message.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::proxy::Proxy;
 use common::{nats_addr, NatsTarget};
+use outbox_core::conformance::proxy::TcpProxy;
 use outbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
 use outbox_postgres::testing::TestOutbox;
 use outbox_postgres::{DeadLetterFilter, DeadLetters};
@@ -214,7 +214,7 @@ async fn republished_event_is_a_server_duplicate_and_consumed_once() {
 async fn outage_keeps_events_in_the_outbox_until_nats_is_back() {
     let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
     let target = NatsTarget::new().await;
-    let proxy = Proxy::start(nats_addr()).await.expect("proxy");
+    let proxy = TcpProxy::start(nats_addr()).expect("proxy");
     let url = format!("nats://{}", proxy.addr());
     let publisher = target
         .config(&url)

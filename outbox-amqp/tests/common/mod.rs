@@ -2,8 +2,6 @@
 //! real RabbitMQ.
 #![allow(dead_code, unreachable_pub)]
 
-pub mod proxy;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -165,7 +163,10 @@ impl ConformanceTarget for AmqpTarget {
     }
 
     async fn unreachable_publisher(&self) -> Result<AmqpPublisher, BoxError> {
-        let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy::closed_port());
+        let url = format!(
+            "amqp://guest:guest@127.0.0.1:{}/%2f",
+            outbox_core::conformance::proxy::closed_port()
+        );
         Ok(self.config(&url).timeout(Duration::from_secs(2)).build()?)
     }
 }

@@ -1,8 +1,6 @@
 //! Shared by the NATS integration tests: a unique stream per test on the real server.
 #![allow(dead_code, unreachable_pub)]
 
-pub mod proxy;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -135,7 +133,10 @@ impl ConformanceTarget for NatsTarget {
     }
 
     async fn unreachable_publisher(&self) -> Result<NatsPublisher, BoxError> {
-        let url = format!("nats://127.0.0.1:{}", proxy::closed_port());
+        let url = format!(
+            "nats://127.0.0.1:{}",
+            outbox_core::conformance::proxy::closed_port()
+        );
         Ok(self
             .config(&url)
             .timeout(Duration::from_secs(2))

@@ -1,0 +1,268 @@
+//! The order service shared by the examples: command line, tracing, the `orders`
+//! table, creating orders (each order row and its `order.created` event in one
+//! transaction), waiting until this run's events are consumed, and shutdown.
+//!
+//! Each example includes this file with `#[path = "shared/order_service.rs"] mod
+//! order_service;` and keeps its broker-specific parts (publisher, consumer) itself.
+
+// Each example uses a subset of these helpers (the quickstart has no consumer).
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use outbox::postgres::{migrate, Inbox, Outbox, PgStore, Processed, Tables};
+use outbox::{NewEvent, RelayConfig};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// The examples' error type.
+pub(crate) type Error = Box<dyn std::error::Error>;
+
+const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// How long a demo run (`--orders N`) waits for its events to be consumed.
+const DEMO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Log to stderr, filtered by `RUST_LOG` or else `default_filter`.
+pub(crate) fn init_tracing(default_filter: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Print the error prefixed with the example's name and exit with status 1.
+pub(crate) fn exit_on_error(name: &str, result: Result<(), Error>) {
+    if let Err(error) = result {
+        eprintln!("{name}: {error}");
+        std::process::exit(1);
+    }
+}
+
+/// The number of orders to create: `--orders N`; none (until Ctrl-C) with
+/// `--forever`; otherwise `default`.
+pub(crate) fn orders_arg(default: Option<u32>) -> Result<Option<u32>, Error> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--forever") {
+        return Ok(None);
+    }
+    match args.iter().skip_while(|a| *a != "--orders").nth(1) {
+        Some(n) => {
+            Ok(Some(n.parse().map_err(|_| {
+                format!("--orders expects a number, got {n:?}")
+            })?))
+        }
+        None => Ok(default),
+    }
+}
+
+/// Connect to `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`), then
+/// create the outbox (idempotent) and the business table `orders`.
+pub(crate) async fn connect() -> Result<(PgPool, Tables), Error> {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string());
+    let pool = PgStore::connect(&url, 4, Duration::from_secs(60))
+        .await
+        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+    let tables = Tables::default();
+    migrate(&pool, &tables).await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS orders (
+            id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            customer text NOT NULL,
+            total_cents bigint NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(&pool)
+    .await?;
+    Ok((pool, tables))
+}
+
+/// The relay settings of the examples: poll often, so that the demo is quick.
+pub(crate) fn relay_config() -> RelayConfig {
+    RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        ..RelayConfig::default()
+    }
+}
+
+/// A token cancelled at Ctrl-C (the caller may cancel it too).
+pub(crate) fn stop_on_ctrl_c(name: &'static str) -> CancellationToken {
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("{name}: Ctrl-C, finishing the batch in flight");
+            }
+            stop.cancel();
+        }
+    });
+    stop
+}
+
+/// Event ids committed by this run and not consumed yet, and whether all are committed.
+#[derive(Clone, Default)]
+pub(crate) struct Pending(Arc<Mutex<(HashSet<Uuid>, bool)>>);
+
+impl Pending {
+    fn lock(&self) -> MutexGuard<'_, (HashSet<Uuid>, bool)> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The event `id` is about to commit.
+    fn expect(&self, id: Uuid) {
+        self.lock().0.insert(id);
+    }
+
+    /// Every event of this run is committed.
+    fn all_committed(&self) {
+        self.lock().1 = true;
+    }
+
+    /// The event `id` was consumed.
+    pub(crate) fn consumed(&self, id: Uuid) {
+        self.lock().0.remove(&id);
+    }
+
+    /// Every event of this run is committed and consumed.
+    pub(crate) fn is_done(&self) -> bool {
+        let pending = self.lock();
+        pending.1 && pending.0.is_empty()
+    }
+}
+
+/// Create orders, each with its event in the same transaction: `count` of them, or one
+/// a second until `stop` is cancelled (Ctrl-C). With `pending`, each event id is
+/// recorded there before its commit (the consumer may see the event right after it).
+pub(crate) async fn produce(
+    name: &str,
+    pool: &PgPool,
+    outbox: &Outbox,
+    count: Option<u32>,
+    pending: Option<&Pending>,
+    stop: &CancellationToken,
+) -> Result<(), Error> {
+    let customers = ["ada", "grace", "linus", "barbara"];
+    let mut n: u32 = 0;
+    while !stop.is_cancelled() && count.map_or(true, |c| n < c) {
+        let customer = customers[n as usize % customers.len()];
+        let total_cents = 1_000 + i64::from(n) * 250;
+        let mut tx = pool.begin().await?;
+        let order_id: i64 = sqlx::query_scalar(
+            "INSERT INTO orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
+        )
+        .bind(customer)
+        .bind(total_cents)
+        .fetch_one(&mut *tx)
+        .await?;
+        let event = NewEvent::new(
+            "order",
+            order_id.to_string(),
+            "order.created",
+            &serde_json::json!({ "order_id": order_id, "customer": customer, "total_cents": total_cents }),
+        );
+        outbox.enqueue(&mut tx, &event).await?;
+        if let Some(pending) = pending {
+            pending.expect(event.id);
+        }
+        tx.commit().await?;
+        eprintln!(
+            "{name}: created order {order_id} for {customer} (event {})",
+            event.id
+        );
+        n += 1;
+        if count.is_none() {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+    if let Some(pending) = pending {
+        pending.all_committed();
+    }
+    Ok(())
+}
+
+/// When a consumer loop should return.
+pub(crate) struct ConsumeUntil {
+    demo: bool,
+    deadline: tokio::time::Instant,
+}
+
+impl ConsumeUntil {
+    /// In demo mode, until every event of this run was consumed (at most 60 s);
+    /// otherwise until Ctrl-C.
+    pub(crate) fn new(demo: bool) -> Self {
+        Self {
+            demo,
+            deadline: tokio::time::Instant::now() + DEMO_TIMEOUT,
+        }
+    }
+
+    /// Whether the demo is complete: every event of this run was consumed.
+    pub(crate) fn done(&self, pending: &Pending) -> bool {
+        self.demo && pending.is_done()
+    }
+
+    /// Completes with an error at the demo's deadline; never outside demo mode.
+    pub(crate) async fn timeout(&self) -> Error {
+        if self.demo {
+            tokio::time::sleep_until(self.deadline).await;
+            "not every event was consumed within 60 s".into()
+        } else {
+            std::future::pending().await
+        }
+    }
+}
+
+/// Process the event `id` once (the inbox skips duplicates) and print it as
+/// `billing: <describe()>`. Returns whether it was processed now (not a duplicate).
+pub(crate) async fn process(
+    inbox: &Inbox,
+    pool: &PgPool,
+    id: Uuid,
+    describe: impl FnOnce() -> String,
+) -> Result<bool, Error> {
+    let outcome = inbox
+        .process(pool, id, |_conn| {
+            // Business effects go here, on `_conn`, in the inbox's transaction.
+            Box::pin(async { Ok::<(), sqlx::Error>(()) })
+        })
+        .await?;
+    match outcome {
+        Processed::First(()) => {
+            println!("billing: {}", describe());
+            Ok(true)
+        }
+        Processed::Duplicate => {
+            println!("billing: duplicate event {id} skipped");
+            Ok(false)
+        }
+    }
+}
+
+/// Run the relay, the producer and the consumer until the consumer returns (or any
+/// fails), then stop the relay; returns the number of events processed.
+pub(crate) async fn run_service(
+    stop: &CancellationToken,
+    relay: impl Future<Output = ()>,
+    producer: impl Future<Output = Result<(), Error>>,
+    consumer: impl Future<Output = Result<u64, Error>>,
+) -> Result<u64, Error> {
+    let app = async {
+        let result = tokio::try_join!(producer, consumer);
+        stop.cancel();
+        result
+    };
+    let ((), app) = tokio::join!(relay, app);
+    let ((), processed) = app?;
+    Ok(processed)
+}

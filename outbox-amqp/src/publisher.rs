@@ -1,6 +1,6 @@
 //! The RabbitMQ [`Publisher`]: publisher confirms, `mandatory`, reconnect on loss.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -244,30 +244,38 @@ impl Publisher for AmqpPublisher {
                 (i, tokio::time::timeout(timeout, confirm).await)
             }))
             .await;
+        // lapin hands a `basic.return` to whichever confirm resolves next, not
+        // necessarily the returned message's own: match returns by message id.
+        let mut returned_ids: HashMap<String, String> = HashMap::new();
+        for (_, result) in &results {
+            if let Ok(Ok(Confirmation::Ack(Some(r)) | Confirmation::Nack(Some(r)))) = result {
+                if let Some(id) = r.properties.message_id() {
+                    returned_ids.insert(
+                        id.to_string(),
+                        format!(
+                            "AMQP: unroutable: exchange `{}` routing key `{}` returned by the broker: {} {}",
+                            r.delivery.exchange, r.delivery.routing_key, r.reply_code, r.reply_text
+                        ),
+                    );
+                }
+            }
+        }
         for (i, result) in results {
             let event = &events[i];
-            let outcome = match result {
-                Ok(Ok(Confirmation::Ack(None))) => Outcome::Published,
-                Ok(Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)))) => {
-                    Outcome::permanent(format!(
-                        "AMQP: unroutable: exchange `{}` routing key `{}` returned by the broker: {} {}",
-                        returned.delivery.exchange,
-                        returned.delivery.routing_key,
-                        returned.reply_code,
-                        returned.reply_text
-                    ))
-                }
-                Ok(Ok(Confirmation::Nack(None))) => {
+            let outcome = match (returned_ids.remove(&event.id.to_string()), result) {
+                (Some(reason), _) => Outcome::permanent(reason),
+                (None, Ok(Ok(Confirmation::Ack(_)))) => Outcome::Published,
+                (None, Ok(Ok(Confirmation::Nack(_)))) => {
                     Outcome::retryable("AMQP: the broker nacked the message")
                 }
-                Ok(Ok(Confirmation::NotRequested)) => {
+                (None, Ok(Ok(Confirmation::NotRequested))) => {
                     Outcome::retryable("AMQP: publisher confirms are not enabled on the channel")
                 }
-                Ok(Err(e)) => {
+                (None, Ok(Err(e))) => {
                     broken = true;
                     Outcome::retryable(format!("AMQP: no publisher confirm: {e}"))
                 }
-                Err(_) => {
+                (None, Err(_)) => {
                     broken = true;
                     Outcome::retryable(format!("AMQP: no publisher confirm within {timeout:?}"))
                 }

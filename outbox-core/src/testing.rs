@@ -319,3 +319,43 @@ impl Publisher for RecordingPublisher {
             .collect()
     }
 }
+
+/// Run `relay` while `work` runs, then shut it down gracefully (stop claiming,
+/// finish the batch in flight). `None` when both did not finish within `limit`.
+pub async fn run_relay_while<S: Store, P: Publisher, T>(
+    relay: &crate::Relay<S, P>,
+    work: impl std::future::Future<Output = T>,
+    limit: std::time::Duration,
+) -> Option<T> {
+    let stop = tokio::sync::Notify::new();
+    let run = async {
+        let ((), out) = tokio::join!(relay.run(stop.notified()), async {
+            let out = work.await;
+            stop.notify_one();
+            out
+        });
+        out
+    };
+    tokio::time::timeout(limit, run).await.ok()
+}
+
+/// Claim batch after batch with [`crate::Relay::run_once`] until the store has
+/// nothing pending, for at most `limit`. Returns what went wrong otherwise.
+pub async fn drain<S: Store, P: Publisher>(
+    relay: &crate::Relay<S, P>,
+    limit: std::time::Duration,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let report = relay.run_once().await.map_err(|e| e.to_string())?;
+        if report.claimed == 0 {
+            if relay.store().pending().await.map_err(|e| e.to_string())? == 0 {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("outbox not drained within {limit:?}"));
+        }
+    }
+}

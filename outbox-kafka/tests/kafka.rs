@@ -179,20 +179,9 @@ fn relay_config() -> RelayConfig {
 
 /// Run the relay until the outbox is empty, at most `limit`.
 async fn drain<S: Store, P: Publisher>(relay: &Relay<S, P>, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
-        let report = relay.run_once().await.expect("store");
-        if report.claimed == 0 {
-            if relay.store().pending().await.expect("pending") == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "outbox not drained within {limit:?}"
-        );
-    }
+    outbox_core::testing::drain(relay, limit)
+        .await
+        .expect("relay drains the outbox");
 }
 
 async fn enqueue_orders(db: &TestOutbox, aggregates: usize, per_aggregate: usize) -> Vec<Uuid> {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{nats_addr, NatsTarget};
 use outbox_core::conformance::proxy::TcpProxy;
+use outbox_core::testing::run_relay_while;
 use outbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
 use outbox_postgres::testing::TestOutbox;
 use outbox_postgres::{DeadLetterFilter, DeadLetters};
@@ -33,26 +34,13 @@ async fn with_relay<S: Store, P: Publisher, T>(
     relay: &Relay<S, P>,
     work: impl Future<Output = T>,
 ) -> T {
-    let stop = tokio::sync::Notify::new();
-    let run = async {
-        let (_, out) = tokio::join!(relay.run(stop.notified()), async {
-            let out = work.await;
-            stop.notify_one();
-            out
-        });
-        out
-    };
-    tokio::time::timeout(DEADLINE, run)
+    run_relay_while(relay, work, DEADLINE)
         .await
         .expect("test did not finish in time")
 }
 
 async fn enqueue(test: &TestOutbox, events: &[NewEvent]) {
-    let mut tx = test.pool.begin().await.expect("begin");
-    for event in events {
-        test.outbox.enqueue(&mut tx, event).await.expect("enqueue");
-    }
-    tx.commit().await.expect("commit");
+    test.enqueue_committed(events).await.expect("enqueue");
 }
 
 /// Fetch until every id in `ids` was received; returns how often each id came.

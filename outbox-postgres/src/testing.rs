@@ -47,6 +47,20 @@ impl TestOutbox {
         PgStore::new(self.pool.clone(), self.tables.clone())
     }
 
+    /// Enqueue `events` in one committed transaction; returns their ids.
+    pub async fn enqueue_committed(
+        &self,
+        events: &[outbox_core::NewEvent],
+    ) -> Result<Vec<uuid::Uuid>> {
+        let mut tx = self.pool.begin().await?;
+        let mut ids = Vec::with_capacity(events.len());
+        for event in events {
+            ids.push(self.outbox.enqueue(&mut tx, event).await?);
+        }
+        tx.commit().await?;
+        Ok(ids)
+    }
+
     /// Drop the schema and everything in it.
     pub async fn drop_schema(&self) -> Result<()> {
         sqlx::query(&format!(

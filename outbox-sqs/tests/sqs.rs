@@ -3,7 +3,7 @@
 mod common;
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{closed_port, create_queue, read, unique};
 use outbox_core::conformance::event;
@@ -157,20 +157,9 @@ fn relay_config() -> RelayConfig {
 
 /// Run the relay until the outbox is empty, at most `limit`.
 async fn drain<S: Store, P: Publisher>(relay: &Relay<S, P>, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
-        let report = relay.run_once().await.expect("store");
-        if report.claimed == 0 {
-            if relay.store().pending().await.expect("pending") == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "outbox not drained within {limit:?}"
-        );
-    }
+    outbox_core::testing::drain(relay, limit)
+        .await
+        .expect("relay drains the outbox");
 }
 
 async fn db() -> TestOutbox {

@@ -1,6 +1,6 @@
 //! The RabbitMQ [`Publisher`]: publisher confirms, `mandatory`, reconnect on loss.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -216,24 +216,13 @@ impl Publisher for AmqpPublisher {
             Err(error) => return vec![Outcome::retryable(error.to_string()); events.len()],
         };
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
-        // An aggregate with a failed event keeps its later events of this batch back.
-        let mut held: HashSet<(&str, &str)> = HashSet::new();
         let mut confirms = Vec::with_capacity(events.len());
         let mut broken = false;
         for (i, event) in events.iter().enumerate() {
-            let key = (event.aggregate_type.as_str(), event.aggregate_id.as_str());
-            if held.contains(&key) {
-                outcomes[i] = Some(Outcome::retryable(format!(
-                    "held back: an earlier event of aggregate {}/{} failed in this batch",
-                    event.aggregate_type, event.aggregate_id
-                )));
-                continue;
-            }
             match self.send(&channel, event).await {
                 Ok(confirm) => confirms.push((i, confirm)),
                 Err(error) => {
                     broken |= error.is_retryable();
-                    held.insert(key);
                     outcomes[i] = Some(Outcome::Failed(error));
                 }
             }
@@ -280,9 +269,6 @@ impl Publisher for AmqpPublisher {
                     Outcome::retryable(format!("AMQP: no publisher confirm within {timeout:?}"))
                 }
             };
-            if outcome != Outcome::Published {
-                held.insert((event.aggregate_type.as_str(), event.aggregate_id.as_str()));
-            }
             outcomes[i] = Some(outcome);
         }
         if broken && !channel.status().connected() {

@@ -23,5 +23,6 @@ suite!(
     per_aggregate_order,
     republish_is_published,
     refused_message_fails_alone,
+    failed_event_holds_back_its_run,
     unreachable_broker_is_retryable,
 );

@@ -65,6 +65,10 @@ pub const UNREACHABLE_DEADLINE: Duration = Duration::from_secs(30);
 /// Longest time any publish to the reachable broker may take in the suite.
 pub const PUBLISH_DEADLINE: Duration = Duration::from_secs(60);
 
+/// How long the suite keeps reading to make sure a message held back or refused
+/// does not arrive late.
+pub const NOT_RECEIVED_WAIT: Duration = Duration::from_secs(2);
+
 /// A message read back from the broker, in broker-neutral form.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReceivedMessage {
@@ -164,6 +168,7 @@ pub async fn run_all<T: ConformanceTarget>(target: &T) {
     per_aggregate_order(target).await;
     republish_is_published(target).await;
     refused_message_fails_alone(target).await;
+    failed_event_holds_back_its_run(target).await;
     unreachable_broker_is_retryable(target).await;
 }
 
@@ -386,6 +391,173 @@ pub async fn refused_message_fails_alone<T: ConformanceTarget>(target: &T) {
         .collect();
     let refused: HashSet<Uuid> = [events[2].id].into();
     collect(target, &good, &refused).await;
+}
+
+/// The relay's hold-back rule with this publisher: in a claim holding a run of six
+/// events of one aggregate (and events of another), the third fails, first with a
+/// retryable error (injected before it reaches the broker), then, in a second
+/// round, refused by the broker itself ([`ConformanceTarget::refused`]). Each time
+/// the broker receives the events before it and the other aggregate's, nothing of
+/// the run after it while it fails; then the rest, in order.
+pub async fn failed_event_holds_back_its_run<T: ConformanceTarget>(target: &T) {
+    use crate::testing::MemoryStore;
+    use crate::{NewEvent, Relay, RelayConfig, RetryPolicy};
+
+    let to_new = |e: &Event| NewEvent {
+        id: e.id,
+        aggregate_type: e.aggregate_type.clone(),
+        aggregate_id: e.aggregate_id.clone(),
+        event_type: e.event_type.clone(),
+        payload: e.payload_str().to_string(),
+        headers: e.headers.clone(),
+        destination: e.destination.clone(),
+        not_before: None,
+    };
+    for refused_by_broker in [false, true] {
+        let store = MemoryStore::new();
+        let mut run: Vec<Event> = (0..6)
+            .map(|i| event("conformance_order", "run", "conformance.created", i))
+            .collect();
+        if refused_by_broker {
+            run[2] = target.refused(run[2].clone());
+        }
+        let other: Vec<Event> = (0..3)
+            .map(|i| event("conformance_order", "other", "conformance.created", i))
+            .collect();
+        for e in run.iter().chain(&other) {
+            if let Err(error) = store.enqueue(to_new(e)) {
+                panic!("cannot enqueue conformance event {}: {error}", e.id);
+            }
+        }
+        let failing = run[2].id;
+        let publisher = FailFirstAttempt {
+            inner: build(target.publisher(), "publisher").await,
+            id: (!refused_by_broker).then_some(failing),
+            failed: std::sync::atomic::AtomicBool::new(false),
+        };
+        let relay = Relay::new(store.clone(), publisher).with_config(RelayConfig {
+            batch_size: 100,
+            publish_timeout: PUBLISH_DEADLINE,
+            retry: RetryPolicy::default()
+                .base_delay(Duration::ZERO)
+                .max_delay(Duration::ZERO),
+            ..RelayConfig::default()
+        });
+        let what = if refused_by_broker {
+            "refused by the broker"
+        } else {
+            "retryable"
+        };
+
+        let first = match relay.run_once().await {
+            Ok(report) => report,
+            Err(e) => panic!("in-memory store failed: {e}"),
+        };
+        assert_eq!(first.claimed, 9, "one claim holds both runs");
+        assert_eq!(
+            (first.published, first.held_back),
+            (5, 3),
+            "third event {what}: two before it and the other aggregate published, three held back: {first:?}"
+        );
+        let mut before: Vec<Uuid> = ids(&run[..2]);
+        before.extend(ids(&other));
+        let held: HashSet<Uuid> = run[2..].iter().map(|e| e.id).collect();
+        let received = collect_in_arrival_order(target, &before, &held).await;
+        assert_not_received_soon(target, &held, what).await;
+
+        let second = match relay.run_once().await {
+            Ok(report) => report,
+            Err(e) => panic!("in-memory store failed: {e}"),
+        };
+        let rest: Vec<Uuid> = if refused_by_broker {
+            ids(&run[3..])
+        } else {
+            ids(&run[2..])
+        };
+        assert_eq!(
+            second.published,
+            rest.len(),
+            "the rest of the run: {second:?}"
+        );
+        let forbidden: HashSet<Uuid> = if refused_by_broker {
+            [failing].into()
+        } else {
+            HashSet::new()
+        };
+        let later = collect_in_arrival_order(target, &rest, &forbidden).await;
+        let arrived: Vec<Uuid> = received
+            .iter()
+            .chain(&later)
+            .filter(|m| m.aggregate_id == "run")
+            .map(|m| m.id)
+            .collect();
+        let mut expected = ids(&run[..2]);
+        expected.extend(&rest);
+        assert_eq!(arrived, expected, "the run's order at the broker ({what})");
+        if refused_by_broker {
+            assert_not_received_soon(target, &forbidden, what).await;
+        }
+    }
+}
+
+/// Fails event `id` with a retryable error on its first attempt, without sending it.
+struct FailFirstAttempt<P> {
+    inner: P,
+    id: Option<Uuid>,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl<P: Publisher> Publisher for FailFirstAttempt<P> {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        use std::sync::atomic::Ordering;
+        let position = self
+            .id
+            .and_then(|id| events.iter().position(|e| e.id == id))
+            .filter(|_| !self.failed.swap(true, Ordering::SeqCst));
+        let Some(position) = position else {
+            return self.inner.publish(events).await;
+        };
+        let rest: Vec<Event> = events
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != position)
+            .map(|(_, e)| e.clone())
+            .collect();
+        let mut outcomes = self.inner.publish(&rest).await;
+        outcomes.insert(
+            position.min(outcomes.len()),
+            Outcome::retryable("conformance: injected failure"),
+        );
+        outcomes
+    }
+}
+
+/// Read for a few seconds and fail if any of `ids` arrives.
+async fn assert_not_received_soon<T: ConformanceTarget>(
+    target: &T,
+    ids: &HashSet<Uuid>,
+    what: &str,
+) {
+    let until = Instant::now() + NOT_RECEIVED_WAIT;
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        let batch = match tokio::time::timeout(
+            left + Duration::from_secs(5),
+            target.receive(100, left.min(Duration::from_millis(500))),
+        )
+        .await
+        {
+            Ok(Ok(batch)) => batch,
+            Ok(Err(e)) => panic!("cannot read messages back: {e}"),
+            Err(_) => panic!("receive ignored its wait"),
+        };
+        for message in batch {
+            assert!(
+                !ids.contains(&message.id),
+                "message {} arrived although it was held back or refused ({what})",
+                message.id
+            );
+        }
+    }
 }
 
 /// A broker that cannot be reached gives `Retryable` failures (one per event) within

@@ -16,6 +16,7 @@ pub mod telemetry;
 #[cfg(feature = "test-utils")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod testing;
+mod waves;
 
 pub use event::{Event, EventError, Headers, NewEvent, TRACEPARENT};
 pub use local::{ChannelPublisher, NullPublisher, StdoutPublisher};

@@ -1,4 +1,8 @@
 //! The relay engine: claim a batch, publish it concurrently, record every outcome, repeat.
+//!
+//! Events of one aggregate in a claim are published one after the other and the
+//! rest of an aggregate's run is held back after a failure (module `waves`);
+//! different aggregates are published concurrently.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,6 +18,7 @@ use crate::publisher::{FailureKind, Outcome, Publisher};
 use crate::retry::RetryPolicy;
 use crate::store::{Claim, Decision, Store, StoreError};
 use crate::telemetry;
+use crate::waves::Waves;
 
 /// How a [`Relay`] runs.
 #[derive(Debug, Clone)]
@@ -58,6 +63,7 @@ pub struct RelayStats {
     published: AtomicU64,
     retried: AtomicU64,
     dead_lettered: AtomicU64,
+    held_back: AtomicU64,
     store_errors: AtomicU64,
 }
 
@@ -74,6 +80,8 @@ pub struct RelayStatsSnapshot {
     pub retried: u64,
     /// Events dead-lettered.
     pub dead_lettered: u64,
+    /// Events held back behind a failed event of their aggregate (left pending).
+    pub held_back: u64,
     /// Claims or records that failed in the store.
     pub store_errors: u64,
 }
@@ -87,6 +95,7 @@ impl RelayStats {
             published: self.published.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            held_back: self.held_back.load(Ordering::Relaxed),
             store_errors: self.store_errors.load(Ordering::Relaxed),
         }
     }
@@ -103,6 +112,8 @@ pub struct BatchReport {
     pub retried: usize,
     /// Events dead-lettered.
     pub dead_lettered: usize,
+    /// Events held back behind a failed event of their aggregate (left pending).
+    pub held_back: usize,
 }
 
 /// Moves events from a [`Store`] to a [`Publisher`], at least once.
@@ -246,7 +257,10 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             .iter()
             .zip(outcomes)
             .map(|(event, outcome)| {
-                let decision = self.decide(event, outcome);
+                let decision = match outcome {
+                    Some(outcome) => self.decide(event, outcome),
+                    None => Decision::HeldBack,
+                };
                 match &decision {
                     Decision::Published => {
                         report.published += 1;
@@ -255,6 +269,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     }
                     Decision::Retry { .. } => report.retried += 1,
                     Decision::DeadLetter { .. } => report.dead_lettered += 1,
+                    Decision::HeldBack => report.held_back += 1,
                 }
                 decision
             })
@@ -272,20 +287,71 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         self.stats
             .dead_lettered
             .fetch_add(report.dead_lettered as u64, Ordering::Relaxed);
+        if report.held_back > 0 {
+            metrics::counter!(telemetry::EVENTS_HELD_BACK).increment(report.held_back as u64);
+            self.stats
+                .held_back
+                .fetch_add(report.held_back as u64, Ordering::Relaxed);
+        }
         tracing::debug!(
             published = report.published,
             retried = report.retried,
             dead_lettered = report.dead_lettered,
+            held_back = report.held_back,
             "outbox batch recorded"
         );
         Ok(report)
     }
 
-    /// Publish with a deadline; always one outcome per event.
-    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+    /// Publish the claim in waves (module `waves`) within `publish_timeout`:
+    /// one outcome per event, `None` for an event held back behind a failure of its
+    /// aggregate or not sent before the deadline.
+    async fn publish(&self, events: &[Event]) -> Vec<Option<Outcome>> {
         let timeout = self.config.publish_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let waves = Waves::of(events);
+        if waves.len() <= 1 {
+            // One event per aggregate: the claim is a single wave, sent as it is.
+            return self
+                .publish_wave(events, deadline, timeout)
+                .await
+                .into_iter()
+                .map(Some)
+                .collect();
+        }
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
+        let mut failed_runs = vec![false; waves.runs()];
+        for k in 0..waves.len() {
+            let wave: Vec<usize> = waves
+                .wave(k)
+                .iter()
+                .copied()
+                .filter(|&i| !failed_runs[waves.run_of(i)])
+                .collect();
+            if wave.is_empty() || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            let batch: Vec<Event> = wave.iter().map(|&i| events[i].clone()).collect();
+            let results = self.publish_wave(&batch, deadline, timeout).await;
+            for (i, outcome) in wave.into_iter().zip(results) {
+                if outcome != Outcome::Published {
+                    failed_runs[waves.run_of(i)] = true;
+                }
+                outcomes[i] = Some(outcome);
+            }
+        }
+        outcomes
+    }
+
+    /// One publisher call, bounded by `deadline`; always one outcome per event.
+    async fn publish_wave(
+        &self,
+        events: &[Event],
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    ) -> Vec<Outcome> {
         // A timeout leaves no outcomes: every event counts as a retryable failure below.
-        let mut outcomes = tokio::time::timeout(timeout, self.publisher.publish(events))
+        let mut outcomes = tokio::time::timeout_at(deadline, self.publisher.publish(events))
             .await
             .unwrap_or_default();
         if outcomes.len() != events.len() {

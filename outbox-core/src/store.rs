@@ -15,8 +15,12 @@ pub trait Store: Send + Sync {
 
     /// Claim up to `limit` events that are due for publishing and not claimed by anyone else.
     ///
-    /// With per-aggregate ordering on, a store returns at most one event per aggregate:
-    /// the oldest unpublished one, and only when no other relay holds it.
+    /// With per-aggregate ordering on, a store returns, for each aggregate it claims, a
+    /// *run*: the aggregate's oldest unpublished events in insertion order, starting at
+    /// its oldest one and ending before the first that is not due. While a claim holds
+    /// an aggregate, no other claim returns any event of it. The relay publishes each
+    /// run in order and holds back the rest of a run after a failure (see
+    /// [`Decision::HeldBack`]).
     fn claim(&self, limit: usize) -> impl Future<Output = Result<Self::Claim, StoreError>> + Send;
 
     /// Number of events waiting to be published (not dead-lettered), for the pending gauge.
@@ -39,6 +43,21 @@ pub trait Claim: Send {
         self,
         decisions: Vec<Decision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Give every event back unchanged and return once they are claimable again.
+    ///
+    /// Dropping a claim releases it too, but a store may finish that in the
+    /// background (PostgreSQL rolls the transaction back when the pooled connection
+    /// is next used); call this where the events must be claimable right after.
+    fn release(self) -> impl Future<Output = Result<(), StoreError>> + Send
+    where
+        Self: Sized,
+    {
+        async move {
+            drop(self);
+            Ok(())
+        }
+    }
 }
 
 /// What the store must record for one claimed event.
@@ -58,6 +77,10 @@ pub enum Decision {
         /// The error to keep on the row.
         error: String,
     },
+    /// Not published because an earlier event of its aggregate in the same claim was
+    /// not: left exactly as it was (still pending, no attempt counted), so that it
+    /// cannot overtake the failed one.
+    HeldBack,
 }
 
 /// A storage failure.

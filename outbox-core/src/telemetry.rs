@@ -8,6 +8,9 @@ pub const EVENTS_PUBLISHED: &str = "outbox_events_published_total";
 pub const EVENTS_FAILED: &str = "outbox_events_failed_total";
 /// Counter with label `event_type`: events moved to the dead letters.
 pub const EVENTS_DEAD_LETTERED: &str = "outbox_events_dead_lettered_total";
+/// Counter: events held back (left pending, no attempt) behind a failed event of
+/// their aggregate in the same batch.
+pub const EVENTS_HELD_BACK: &str = "outbox_events_held_back_total";
 /// Gauge: events waiting to be published, refreshed periodically by the relay.
 pub const EVENTS_PENDING: &str = "outbox_events_pending";
 /// Histogram: seconds to publish and record one batch.
@@ -23,6 +26,10 @@ pub fn describe() {
     describe_counter!(
         EVENTS_DEAD_LETTERED,
         "Events moved to the dead letters, by event type"
+    );
+    describe_counter!(
+        EVENTS_HELD_BACK,
+        "Events held back behind a failed event of their aggregate"
     );
     describe_gauge!(EVENTS_PENDING, "Events waiting to be published");
     describe_histogram!(

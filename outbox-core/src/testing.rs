@@ -37,8 +37,9 @@ struct Rows {
 }
 
 /// An outbox in memory, with the same claiming rules as the PostgreSQL store:
-/// due events only, one claim per event at a time, and with ordering on, only
-/// the oldest unpublished, not dead-lettered event of each aggregate.
+/// due events only, one claim per event at a time, and with ordering on, runs:
+/// each aggregate's oldest unpublished, not dead-lettered events in order, up to
+/// the first one that is not due, and nothing of an aggregate another claim holds.
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     rows: Arc<Mutex<Rows>>,
@@ -155,7 +156,8 @@ impl Store for MemoryStore {
     async fn claim(&self, limit: usize) -> Result<MemoryClaim, StoreError> {
         let now = Utc::now();
         let mut rows = self.lock();
-        let mut blocked: HashSet<(String, String)> = HashSet::new();
+        // Aggregates whose run ended: a row not due, or held by another claim.
+        let mut closed: HashSet<(String, String)> = HashSet::new();
         let mut events = Vec::new();
         for row in &mut rows.rows {
             if events.len() >= limit {
@@ -164,17 +166,26 @@ impl Store for MemoryStore {
             if row.state != State::Pending {
                 continue;
             }
+            let takeable = !row.claimed && row.available_at <= now;
+            if !self.ordering {
+                if takeable {
+                    row.claimed = true;
+                    events.push(row.event.clone());
+                }
+                continue;
+            }
             let key = (
                 row.event.aggregate_type.clone(),
                 row.event.aggregate_id.clone(),
             );
-            let head = !blocked.contains(&key);
-            if self.ordering {
-                blocked.insert(key);
+            if closed.contains(&key) {
+                continue;
             }
-            if head && !row.claimed && row.available_at <= now {
+            if takeable {
                 row.claimed = true;
                 events.push(row.event.clone());
+            } else {
+                closed.insert(key);
             }
         }
         Ok(MemoryClaim {
@@ -214,6 +225,9 @@ impl Claim for MemoryClaim {
             let Some(row) = rows.rows.iter_mut().find(|r| r.event.id == event.id) else {
                 continue;
             };
+            if decision == Decision::HeldBack {
+                continue;
+            }
             row.event.attempts += 1;
             match decision {
                 Decision::Published => row.state = State::Published,
@@ -225,6 +239,7 @@ impl Claim for MemoryClaim {
                     row.state = State::Dead;
                     row.last_error = Some(error);
                 }
+                Decision::HeldBack => {}
             }
         }
         Ok(())

@@ -229,3 +229,117 @@ async fn shutdown_returns_promptly_when_idle() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_run_is_published_in_order_and_held_back_after_a_failure() {
+    let store = MemoryStore::new();
+    let run: Vec<_> = (0..6)
+        .map(|n| store.enqueue(event("a", n)).unwrap())
+        .collect();
+    let other: Vec<_> = (0..3)
+        .map(|n| store.enqueue(event("b", n)).unwrap())
+        .collect();
+    let third = run[2];
+    let failures = Arc::new(AtomicU32::new(0));
+    let counter = Arc::clone(&failures);
+    let publisher = RecordingPublisher::failing_when(move |e| {
+        (e.id == third && counter.fetch_add(1, Ordering::SeqCst) == 0)
+            .then(|| PublishError::retryable("broker busy"))
+    });
+    let relay = Relay::new(store.clone(), publisher).with_config(config(100));
+
+    let first = relay.run_once().await.unwrap();
+    assert_eq!(first.claimed, 9, "one claim takes both runs");
+    assert_eq!((first.published, first.retried, first.held_back), (5, 1, 3));
+    let published = relay.publisher().published_ids();
+    assert_eq!(
+        published
+            .iter()
+            .filter(|id| run.contains(id))
+            .collect::<Vec<_>>(),
+        vec![&run[0], &run[1]],
+        "the run stops at its failed third event"
+    );
+    assert!(
+        other.iter().all(|id| published.contains(id)),
+        "the other aggregate is unaffected"
+    );
+    assert_eq!(store.attempts(third), Some((1, Some("broker busy".into()))));
+    for held in &run[3..] {
+        assert_eq!(
+            store.attempts(*held),
+            Some((0, None)),
+            "held back: no attempt counted"
+        );
+    }
+
+    let second = relay.run_once().await.unwrap();
+    assert_eq!(second.published, 4);
+    let all = relay.publisher().published_ids();
+    let order: Vec<_> = all.iter().filter(|id| run.contains(id)).copied().collect();
+    assert_eq!(
+        order, run,
+        "every event of the run once, in insertion order"
+    );
+}
+
+#[tokio::test]
+async fn no_publish_call_holds_two_events_of_one_aggregate() {
+    let store = MemoryStore::new();
+    for n in 0..40 {
+        store.enqueue(event(&format!("a{}", n % 3), n)).unwrap();
+    }
+    let publisher = Arc::new(RecordingPublisher::new());
+    let relay = Relay::new(store.clone(), Arc::clone(&publisher)).with_config(config(100));
+    assert_eq!(relay.run_once().await.unwrap().published, 40);
+    // 40 events over 3 aggregates: runs of 14, 13 and 13, so 14 waves.
+    assert_eq!(publisher.calls(), 14);
+    let published = publisher.published();
+    for aggregate in ["a0", "a1", "a2"] {
+        let ns: Vec<u64> = published
+            .iter()
+            .filter(|e| e.aggregate_id == aggregate)
+            .map(|e| {
+                serde_json::from_str::<serde_json::Value>(e.payload_str()).unwrap()["n"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        let mut sorted = ns.clone();
+        sorted.sort_unstable();
+        assert_eq!(ns, sorted, "order of {aggregate}");
+    }
+}
+
+#[tokio::test]
+async fn a_run_cut_by_the_publish_timeout_is_held_back_not_failed() {
+    struct SlowAfterFirst(AtomicU32);
+    impl outbox_core::Publisher for SlowAfterFirst {
+        async fn publish(&self, events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+            if self.0.fetch_add(1, Ordering::SeqCst) > 0 {
+                std::future::pending::<()>().await;
+            }
+            vec![outbox_core::Outcome::Published; events.len()]
+        }
+    }
+    let store = MemoryStore::new();
+    let ids: Vec<_> = (0..4)
+        .map(|n| store.enqueue(event("a", n)).unwrap())
+        .collect();
+    let mut cfg = config(10);
+    cfg.publish_timeout = Duration::from_millis(100);
+    let relay = Relay::new(store.clone(), SlowAfterFirst(AtomicU32::new(0))).with_config(cfg);
+    let report = tokio::time::timeout(Duration::from_secs(5), relay.run_once())
+        .await
+        .unwrap()
+        .unwrap();
+    // First wave published, second timed out (outcome unknown: an attempt), rest not sent.
+    assert_eq!(
+        (report.published, report.retried, report.held_back),
+        (1, 1, 2)
+    );
+    assert_eq!(store.published_ids(), vec![ids[0]]);
+    assert_eq!(store.attempts(ids[1]).unwrap().0, 1);
+    assert_eq!(store.attempts(ids[2]).unwrap().0, 0);
+    assert_eq!(store.attempts(ids[3]).unwrap().0, 0);
+}

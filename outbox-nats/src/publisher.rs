@@ -1,6 +1,5 @@
 //! The JetStream [`Publisher`].
 
-use std::collections::HashSet;
 use std::future::IntoFuture;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -210,12 +209,7 @@ impl NatsPublisher {
         )
     }
 
-    async fn publish_chunk(
-        &self,
-        events: &[Event],
-        outcomes: &mut [Option<Outcome>],
-        held: &mut HashSet<(String, String)>,
-    ) {
+    async fn publish_chunk(&self, events: &[Event], outcomes: &mut [Option<Outcome>]) {
         // Take all permits of the chunk at once: concurrent batches cannot deadlock
         // on JetStream's in-flight limit, which has the same size.
         let permits = u32::try_from(events.len()).unwrap_or(u32::MAX);
@@ -230,20 +224,9 @@ impl NatsPublisher {
         };
         let mut acks = Vec::with_capacity(events.len());
         for (i, event) in events.iter().enumerate() {
-            let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
-            if held.contains(&key) {
-                outcomes[i] = Some(Outcome::retryable(format!(
-                    "held back: an earlier event of aggregate {}/{} failed in this batch",
-                    event.aggregate_type, event.aggregate_id
-                )));
-                continue;
-            }
             match self.send(event).await {
                 Ok(ack) => acks.push((i, ack)),
-                Err(error) => {
-                    held.insert(key);
-                    outcomes[i] = Some(Outcome::Failed(error));
-                }
+                Err(error) => outcomes[i] = Some(Outcome::Failed(error)),
             }
         }
         let timeout = self.inner.timeout;
@@ -271,9 +254,6 @@ impl NatsPublisher {
                     self.state()
                 )),
             };
-            if outcome != Outcome::Published {
-                held.insert((event.aggregate_type.clone(), event.aggregate_id.clone()));
-            }
             outcomes[i] = Some(outcome);
         }
     }
@@ -282,12 +262,9 @@ impl NatsPublisher {
 impl Publisher for NatsPublisher {
     async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
-        // An aggregate with a failed event keeps its later events of this batch back,
-        // so they are not published ahead of it.
-        let mut held = HashSet::new();
         let chunk = self.inner.max_in_flight;
         for (events, outcomes) in events.chunks(chunk).zip(outcomes.chunks_mut(chunk)) {
-            self.publish_chunk(events, outcomes, &mut held).await;
+            self.publish_chunk(events, outcomes).await;
         }
         outcomes
             .into_iter()

@@ -132,10 +132,18 @@ impl SqsPublisher {
         })
     }
 
-    /// Send the entries of one queue, in order; returns (index, outcome) pairs.
+    /// Send the entries of one queue; returns (index, outcome) pairs. Calls run
+    /// concurrently, except on a FIFO queue when a group has several entries: then
+    /// one call at a time, so that they reach the queue in order. (The relay hands
+    /// a publisher at most one event per aggregate per call.)
     async fn send_queue(&self, url: &str, entries: Vec<Entry>) -> Vec<(usize, Outcome)> {
+        let mut groups = HashSet::new();
+        let ordered = is_fifo(url)
+            && !entries
+                .iter()
+                .all(|e| groups.insert(e.aggregate_id.as_str()));
         let chunks = chunk(entries, self.max_message_bytes);
-        if !is_fifo(url) {
+        if !ordered {
             return stream::iter(chunks)
                 .map(|c| self.send_chunk(url, c))
                 .buffer_unordered(self.concurrency)
@@ -143,33 +151,9 @@ impl SqsPublisher {
                 .collect()
                 .await;
         }
-        // FIFO: one call at a time, and a failed event holds back the later events
-        // of its group so that they cannot overtake it.
         let mut out = Vec::new();
-        let mut failed: HashSet<String> = HashSet::new();
         for chunk in chunks {
-            let (held, send): (Vec<Entry>, Vec<Entry>) = chunk
-                .into_iter()
-                .partition(|e| failed.contains(&e.aggregate_id));
-            out.extend(held.into_iter().map(|e| {
-                let msg = format!(
-                    "sqs: held back: an earlier event of group {} failed",
-                    e.aggregate_id
-                );
-                (e.index, Outcome::retryable(msg))
-            }));
-            let groups: HashMap<usize, String> = send
-                .iter()
-                .map(|e| (e.index, e.aggregate_id.clone()))
-                .collect();
-            for (index, outcome) in self.send_chunk(url, send).await {
-                if matches!(outcome, Outcome::Failed(_)) {
-                    if let Some(group) = groups.get(&index) {
-                        failed.insert(group.clone());
-                    }
-                }
-                out.push((index, outcome));
-            }
+            out.extend(self.send_chunk(url, chunk).await);
         }
         out
     }

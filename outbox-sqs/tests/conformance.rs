@@ -100,6 +100,11 @@ async fn refused_message_fails_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn failed_event_holds_back_its_run() {
+    conformance::failed_event_holds_back_its_run(&Sqs::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn unreachable_broker_is_retryable() {
     conformance::unreachable_broker_is_retryable(&Sqs::new().await).await;
 }

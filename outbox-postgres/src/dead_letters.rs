@@ -125,20 +125,24 @@ impl DeadLetters {
     ///
     /// With ordering on and [`crate::AfterDeadLetter::Release`], followers of a
     /// dead letter may already be published; a retried event then arrives after them.
+    /// With [`crate::AfterDeadLetter::Block`], the aggregate's hold is lifted and the
+    /// retried event goes first.
     pub async fn retry(&self, filter: &DeadLetterFilter) -> Result<u64> {
-        let done = filter
+        let row = filter
             .bind(sqlx::query(&self.sql.dead_retry))
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await?;
-        Ok(done.rows_affected())
+        let n: i64 = row.try_get(0)?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// Delete the matching dead letters for good. Returns how many were deleted.
     pub async fn purge(&self, filter: &DeadLetterFilter) -> Result<u64> {
-        let done = filter
+        let row = filter
             .bind(sqlx::query(&self.sql.dead_purge))
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await?;
-        Ok(done.rows_affected())
+        let n: i64 = row.try_get(0)?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 }

@@ -7,6 +7,8 @@ mod error;
 mod ident;
 mod inbox;
 mod migrate;
+#[cfg(feature = "test-utils")]
+mod plans;
 mod row;
 mod sql;
 mod stats;
@@ -25,6 +27,6 @@ pub use inbox::{Inbox, InboxError, Processed};
 pub use migrate::migrate;
 pub use sql::AfterDeadLetter;
 pub use stats::OutboxStats;
-pub use store::{PgClaim, PgStore, Retention, StoreConfig};
+pub use store::{ClaimSql, PgClaim, PgStore, Retention, StoreConfig};
 pub use tables::Tables;
 pub use wakeup::{install_notify_trigger, remove_notify_trigger, Wakeup};

@@ -27,6 +27,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "notify_function",
         template: include_str!("../../migrations/0002_notify_function.sql"),
     },
+    Migration {
+        version: 3,
+        name: "holds",
+        template: include_str!("../../migrations/0003_holds.sql"),
+    },
 ];
 
 /// Create the outbox objects named by `tables` (schema, events table, indexes,
@@ -93,7 +98,7 @@ mod tests {
                 "unreplaced name in migration {}",
                 m.version
             );
-            assert!(rendered.contains("\"public\"."));
+            assert!(rendered.contains("\"public\"."), "migration {}", m.version);
         }
     }
 }

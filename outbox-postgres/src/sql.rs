@@ -6,6 +6,56 @@ use crate::tables::Tables;
 const EVENT_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, \
     payload::text AS payload, headers::text AS headers, destination, attempts, created_at";
 
+/// Planner settings for every statement on the relay's hot path, scoped to its
+/// transaction (`SET LOCAL`: no session state, pooler-safe).
+///
+/// A queue table's statistics are wrong most of the time: analysed while empty
+/// (delete-on-publish empties it), never analysed, or analysed full before a drain.
+/// With wrong statistics, and under a cached generic plan (sqlx prepares every
+/// statement; PostgreSQL may switch to a generic plan after five executions), the
+/// planner can pick a sequential scan and a sort of the whole backlog for a claim of
+/// 200 rows. With these off, the only remaining plans are the index scans the
+/// statements are written for; `tests/plans.rs` checks the plans in all three
+/// statistics states under `plan_cache_mode = force_generic_plan`. That mode is set
+/// too: each statement is planned once per connection, never per execution (the
+/// two-step ordered claim took over a millisecond to plan, more than to run). The settings
+/// travel with `BEGIN` or, for statements outside a claim, in the
+/// same simple query: no extra round trip.
+macro_rules! plan_guard {
+    () => {
+        "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; \
+         SET LOCAL enable_sort = off; SET LOCAL plan_cache_mode = force_generic_plan"
+    };
+}
+
+/// Opens a claim transaction (simple protocol: one round trip).
+pub(crate) const BEGIN: &str = concat!("BEGIN; ", plan_guard!());
+/// Opens a claim transaction whose commit does not wait for the WAL flush.
+pub(crate) const BEGIN_ASYNC_COMMIT: &str = concat!(
+    "BEGIN; ",
+    plan_guard!(),
+    "; SET LOCAL synchronous_commit = off"
+);
+/// Prefix of the hot-path statements run outside a claim transaction, sent with
+/// them as one simple query: PostgreSQL runs the two as one implicit transaction,
+/// so `SET LOCAL` applies to the statement and ends with it.
+const GUARDED: &str = concat!(plan_guard!(), "; ");
+
+/// A statement built with the [`GUARDED`] prefix, without it (to `PREPARE` it).
+#[cfg(feature = "test-utils")]
+pub(crate) fn unguarded(statement: &str) -> &str {
+    statement.strip_prefix(GUARDED).unwrap_or(statement)
+}
+
+/// How long a dead letter that blocks its aggregate ([`AfterDeadLetter::Block`]) keeps
+/// it held before a relay looks again. `DeadLetters::retry` and `purge` lift the
+/// hold at once; this bounds the wait after a change made by hand in SQL.
+const BLOCKED_RECHECK: &str = "interval '60 seconds'";
+
+/// Events taken for an aggregate whose hold expired: the head that is due now and
+/// the start of its run. The next claims find the rest through the pending index.
+pub(crate) const RELEASED_RUN: i32 = 16;
+
 /// What to do with the followers of a dead-lettered event when ordering is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AfterDeadLetter {
@@ -33,16 +83,23 @@ pub(crate) struct Sql {
     pub(crate) enqueue_many: String,
 
     pub(crate) claim_unordered: String,
-    pub(crate) claim_ordered_release: String,
-    pub(crate) claim_ordered_block: String,
+    pub(crate) claim_aggregates: String,
+    pub(crate) claim_runs: String,
+    pub(crate) hold: String,
+    pub(crate) unhold: String,
     pub(crate) delete_published: String,
     pub(crate) mark_published: String,
     pub(crate) record_failures: String,
+    pub(crate) record_failures_release: String,
+    pub(crate) record_failures_block: String,
+    /// Simple-protocol statements (plan guard included): run with `sqlx::raw_sql`.
     pub(crate) count_pending: String,
-    pub(crate) probe_due: String,
+    pub(crate) probe_due_unordered: String,
+    pub(crate) probe_due_ordered: String,
     pub(crate) stats: String,
     pub(crate) count_due: String,
     pub(crate) count_due_unlocked: String,
+    pub(crate) count_due_in_locked_aggregates: String,
 
     pub(crate) dead_count: String,
     pub(crate) dead_list: String,
@@ -79,27 +136,63 @@ impl Sql {
             tables.derived(tables.events(), "notify")
         );
         let notify_trigger = tables.derived(tables.events(), "notify");
-        let claim = |ordering: &str| {
+        // The event columns, qualified: the lateral join of `claim_runs` has
+        // aggregate columns on both sides.
+        let run_columns = EVENT_COLUMNS
+            .split(", ")
+            .map(|c| format!("e.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let holds = format!(
+            "{}.{}",
+            tables.schema().quoted(),
+            tables.derived(tables.events(), "holds")
+        );
+        // Advisory-lock key of one aggregate of this outbox: the two-int4 form, in a
+        // key space of its own (objsubid 2), class = hash of the table name, so that
+        // outboxes do not share locks. Colliding aggregates share a lock: less
+        // parallelism, never less order.
+        let lock_class = format!("hashtext('{}.{}')", tables.schema(), tables.events());
+        let lock = |alias: &str| {
             format!(
-                "SELECT {EVENT_COLUMNS} FROM {events} e \
-                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now() \
-                 {ordering} \
-                 ORDER BY e.seq LIMIT $1 FOR UPDATE SKIP LOCKED"
+                "pg_try_advisory_xact_lock({lock_class}, \
+                 hashtext({alias}.aggregate_type || ' ' || {alias}.aggregate_id))"
             )
         };
-        // Only the oldest unpublished event of an aggregate is claimable; a claimed
-        // (locked), backing-off or failing head hides its followers from every relay.
-        // Written as a correlated `seq = (... ORDER BY <aggregate index> LIMIT 1)` so the
-        // plan is an index probe per candidate whatever the table statistics say (a
-        // NOT EXISTS was planned as a quadratic join on a freshly filled table).
-        let head = |dead: &str| {
+        let not_held = |alias: &str| {
             format!(
-                "AND e.seq = (SELECT p.seq FROM {events} p \
-                 WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id \
-                 AND p.processed_at IS NULL {dead} \
-                 ORDER BY p.aggregate_type, p.aggregate_id, p.seq LIMIT 1)"
+                "NOT EXISTS (SELECT 1 FROM {holds} h WHERE h.aggregate_type = {alias}.aggregate_type \
+                 AND h.aggregate_id = {alias}.aggregate_id)"
             )
         };
+        let failures = "UPDATE {events} e SET attempts = e.attempts + 1, last_error = f.error, \
+             available_at = clock_timestamp() + f.delay_ms * interval '1 millisecond', \
+             dead_at = CASE WHEN f.dead THEN clock_timestamp() END \
+             FROM unnest($1::uuid[], $2::text[], $3::float8[], $4::bool[]) \
+             AS f(id, error, delay_ms, dead) WHERE e.id = f.id"
+            .replace("{events}", &events);
+        // With ordering on, a failed event holds its aggregate until it is due again
+        // (or, blocking dead letters, until the recheck); the relay held back its
+        // followers in the same batch.
+        let failures_holding = |dead_until: &str| {
+            format!(
+                "WITH f AS ({failures} RETURNING e.aggregate_type, e.aggregate_id, e.available_at, e.dead_at) \
+                 INSERT INTO {holds} (aggregate_type, aggregate_id, until) \
+                 SELECT aggregate_type, aggregate_id, \
+                 max(CASE WHEN dead_at IS NULL THEN available_at ELSE {dead_until} END) \
+                 FROM f GROUP BY aggregate_type, aggregate_id \
+                 HAVING max(CASE WHEN dead_at IS NULL THEN available_at ELSE {dead_until} END) IS NOT NULL \
+                 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET until = EXCLUDED.until"
+            )
+        };
+        // Filters of the ordered probe: a due event of an aggregate not held, or a
+        // hold that expired. Followers of a held aggregate do not wake the relay.
+        let probe_ordered = format!(
+            "SELECT EXISTS (SELECT 1 FROM {events} e WHERE e.processed_at IS NULL \
+             AND e.dead_at IS NULL AND e.available_at <= now() AND {}) \
+             OR EXISTS (SELECT 1 FROM {holds} WHERE until <= now())",
+            not_held("e")
+        );
         // Filters shared by the dead-letter statements; NULL parameters match everything.
         let dead = "dead_at IS NOT NULL AND processed_at IS NULL \
              AND ($1::text IS NULL OR event_type = $1) \
@@ -128,6 +221,9 @@ impl Sql {
                 ("inbox_pkey", tables.derived(tables.inbox(), "pkey")),
                 ("inbox_processed_idx", tables.derived(tables.inbox(), "processed_idx")),
                 ("notify_function", notify_function.clone()),
+                ("holds", holds.clone()),
+                ("holds_pkey", tables.derived(tables.events(), "holds_pkey")),
+                ("holds_until_idx", tables.derived(tables.events(), "holds_until_idx")),
                 ("notify_channel", format!("'{notify_channel}'")),
             ],
 
@@ -147,25 +243,101 @@ impl Sql {
                  destination, available_at, n) ORDER BY u.n"
             ),
 
-            claim_unordered: claim(""),
-            claim_ordered_release: claim(&head("AND p.dead_at IS NULL")),
-            claim_ordered_block: claim(&head("")),
+            claim_unordered: format!(
+                "SELECT {EVENT_COLUMNS} FROM {events} e \
+                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now() \
+                 ORDER BY e.seq LIMIT $1 FOR UPDATE SKIP LOCKED"
+            ),
+            // Ordered claim, step 1: walk the pending index in insertion order from
+            // the oldest event, at most $2 rows, skipping held aggregates; try-lock
+            // each row's aggregate (re-entrant: every row of an aggregate this claim
+            // locked passes; rows of aggregates other relays hold fail) and keep the
+            // first $1 rows that pass, plus the walk's first row whatever its lock
+            // (`rn` = 1: where a re-read must start). Plus up to $3 expired holds,
+            // locked, as rows with `held` set and no event columns.
+            //
+            // The rows are read with the statement's snapshot, taken before the locks.
+            // They are what step 2 would read again unless another transaction changed
+            // a locked aggregate in between, and that leaves a trace here: a lock
+            // that failed on some row (its holder may have committed before a later
+            // row of the same aggregate was locked: `rn` has a gap) or a row that
+            // someone deleted, updated or locked (`clean` false: the row's version,
+            // fetched again by its ctid *after* its lock was taken, has an xmax; a
+            // relay that held the aggregate and committed between our read and our
+            // lock shows up there, which an xmax read with the row would miss).
+            // Without either, the rows are used as they are; with one, the store reads
+            // the locked aggregates again (step 2). Not-due rows are walked too, so a
+            // run never starts behind a head that waits.
+            claim_aggregates: format!(
+                "(SELECT l.*, false AS held, \
+                 (SELECT r.xmax = 0 FROM {events} r WHERE r.ctid = l.row_ctid) AS clean \
+                 FROM (SELECT n.*, {} AS locked \
+                 FROM (SELECT w.*, row_number() OVER (ORDER BY w.seq) AS rn \
+                 FROM (SELECT {run_columns}, e.available_at, e.available_at <= now() AS due, \
+                 e.ctid AS row_ctid FROM {events} e \
+                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND {} \
+                 ORDER BY e.seq LIMIT $2) w) n) l \
+                 WHERE l.locked OR l.rn = 1 LIMIT $1) \
+                 UNION ALL \
+                 (SELECT NULL::int8, NULL::uuid, x.aggregate_type, x.aggregate_id, NULL::text, \
+                 NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \
+                 NULL::timestamptz, NULL::bool, NULL::tid, NULL::int8, true, true, NULL::bool \
+                 FROM (SELECT aggregate_type, aggregate_id FROM {holds} \
+                 WHERE until <= now() ORDER BY until LIMIT $3) x WHERE {})",
+                lock("n"),
+                not_held("e"),
+                lock("x"),
+            ),
+            // Step 2, when step 1 saw a trace of a change, or for expired holds: a new
+            // statement and so a snapshot taken after the locks:
+            // whatever another relay did to these aggregates before it let go is
+            // visible, its holds included. The locked aggregates' pending events
+            // between `from_seq` ($3) and the newest row step 1 kept ($4), one range of
+            // the pending index; then each expired hold's first events from its
+            // oldest, through the aggregate index. Not-due rows and (expired holds
+            // only) dead letters come back flagged; the store ends each run before them.
+            claim_runs: format!(
+                "SELECT {run_columns}, e.available_at, e.available_at <= now() AS due, \
+                 false AS dead FROM {events} e \
+                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL \
+                 AND e.seq >= $3 AND e.seq <= $4 \
+                 AND (e.aggregate_type, e.aggregate_id) IN \
+                 (SELECT t, i FROM unnest($1::text[], $2::text[]) AS k(t, i)) AND {} \
+                 UNION ALL \
+                 SELECT r.* FROM unnest($5::text[], $6::text[]) AS k(aggregate_type, aggregate_id) \
+                 CROSS JOIN LATERAL (SELECT {run_columns}, e.available_at, \
+                 e.available_at <= now() AS due, e.dead_at IS NOT NULL AS dead \
+                 FROM {events} e WHERE e.aggregate_type = k.aggregate_type \
+                 AND e.aggregate_id = k.aggregate_id AND e.processed_at IS NULL \
+                 ORDER BY e.seq LIMIT {RELEASED_RUN}) r",
+                not_held("e"),
+            ),
+            // NULL until: a blocking dead letter, looked at again after the recheck.
+            hold: format!(
+                "INSERT INTO {holds} (aggregate_type, aggregate_id, until) \
+                 SELECT t, i, COALESCE(u, clock_timestamp() + {BLOCKED_RECHECK}) \
+                 FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS h(t, i, u) \
+                 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET until = EXCLUDED.until"
+            ),
+            unhold: format!(
+                "DELETE FROM {holds} h USING unnest($1::text[], $2::text[]) AS u(t, i) \
+                 WHERE h.aggregate_type = u.t AND h.aggregate_id = u.i"
+            ),
             delete_published: format!("DELETE FROM {events} WHERE id = ANY($1)"),
             mark_published: format!(
                 "UPDATE {events} SET processed_at = clock_timestamp(), attempts = attempts + 1 \
                  WHERE id = ANY($1)"
             ),
-            record_failures: format!(
-                "UPDATE {events} e SET attempts = e.attempts + 1, last_error = f.error, \
-                 available_at = clock_timestamp() + f.delay_ms * interval '1 millisecond', \
-                 dead_at = CASE WHEN f.dead THEN clock_timestamp() END \
-                 FROM unnest($1::uuid[], $2::text[], $3::float8[], $4::bool[]) \
-                 AS f(id, error, delay_ms, dead) WHERE e.id = f.id"
+            record_failures_release: failures_holding("NULL::timestamptz"),
+            record_failures_block: failures_holding(&format!(
+                "clock_timestamp() + {BLOCKED_RECHECK}"
+            )),
+            record_failures: failures,
+            count_pending: format!("{GUARDED}SELECT count(*) FROM {events} WHERE {pending}"),
+            probe_due_unordered: format!(
+                "{GUARDED}SELECT EXISTS (SELECT 1 FROM {events} WHERE {pending} AND available_at <= now())"
             ),
-            count_pending: format!("SELECT count(*) FROM {events} WHERE {pending}"),
-            probe_due: format!(
-                "SELECT EXISTS (SELECT 1 FROM {events} WHERE {pending} AND available_at <= now())"
-            ),
+            probe_due_ordered: format!("{GUARDED}{probe_ordered}"),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE {pending}), \
                  count(*) FILTER (WHERE {pending} AND available_at > now()), \
@@ -179,7 +351,17 @@ impl Sql {
                 "SELECT count(*) FROM (SELECT 1 FROM {events} \
                  WHERE {pending} AND available_at <= now() LIMIT $1) d"
             ),
-            // FOR KEY SHARE conflicts with the relays' FOR UPDATE: locked rows are skipped.
+            // Ordered claims lock aggregates, not rows: due events whose aggregate's
+            // advisory lock someone holds (read from pg_locks, nothing is taken).
+            count_due_in_locked_aggregates: format!(
+                "SELECT count(*) FROM (SELECT aggregate_type, aggregate_id FROM {events} \
+                 WHERE {pending} AND available_at <= now() LIMIT $1) d \
+                 WHERE ({lock_class}::oid, hashtext(d.aggregate_type || ' ' || d.aggregate_id)::oid) \
+                 IN (SELECT classid, objid FROM pg_locks \
+                 WHERE locktype = 'advisory' AND objsubid = 2 AND granted)"
+            ),
+            // FOR KEY SHARE conflicts with the unordered relays' FOR UPDATE: locked
+            // rows are skipped.
             count_due_unlocked: format!(
                 "SELECT count(*) FROM (SELECT 1 FROM {events} \
                  WHERE {pending} AND available_at <= now() LIMIT $1 FOR KEY SHARE SKIP LOCKED) f"
@@ -189,11 +371,21 @@ impl Sql {
                 "SELECT {EVENT_COLUMNS}, last_error, dead_at FROM {events} WHERE {dead} \
                  ORDER BY seq LIMIT $6"
             ),
+            // Both lift the holds of the aggregates they touch, so a blocked aggregate
+            // moves at once (its retried dead letter first: it has the lowest seq).
             dead_retry: format!(
-                "UPDATE {events} SET dead_at = NULL, attempts = 0, available_at = now() \
-                 WHERE {dead}"
+                "WITH r AS (UPDATE {events} SET dead_at = NULL, attempts = 0, available_at = now() \
+                 WHERE {dead} RETURNING aggregate_type, aggregate_id), \
+                 u AS (DELETE FROM {holds} h USING r \
+                 WHERE h.aggregate_type = r.aggregate_type AND h.aggregate_id = r.aggregate_id) \
+                 SELECT count(*) FROM r"
             ),
-            dead_purge: format!("DELETE FROM {events} WHERE {dead}"),
+            dead_purge: format!(
+                "WITH r AS (DELETE FROM {events} WHERE {dead} RETURNING aggregate_type, aggregate_id), \
+                 u AS (DELETE FROM {holds} h USING r \
+                 WHERE h.aggregate_type = r.aggregate_type AND h.aggregate_id = r.aggregate_id) \
+                 SELECT count(*) FROM r"
+            ),
 
             cleanup_processed: format!(
                 "DELETE FROM {events} WHERE id IN (SELECT id FROM {events} \
@@ -219,12 +411,25 @@ impl Sql {
         }
     }
 
-    /// The claim statement for the chosen ordering.
-    pub(crate) fn claim(&self, ordering: bool, after_dead_letter: AfterDeadLetter) -> &str {
+    /// The statement recording failed events for the chosen ordering.
+    pub(crate) fn record_failures(
+        &self,
+        ordering: bool,
+        after_dead_letter: AfterDeadLetter,
+    ) -> &str {
         match (ordering, after_dead_letter) {
-            (false, _) => &self.claim_unordered,
-            (true, AfterDeadLetter::Release) => &self.claim_ordered_release,
-            (true, AfterDeadLetter::Block) => &self.claim_ordered_block,
+            (false, _) => &self.record_failures,
+            (true, AfterDeadLetter::Release) => &self.record_failures_release,
+            (true, AfterDeadLetter::Block) => &self.record_failures_block,
+        }
+    }
+
+    /// The wake-up probe for the chosen ordering.
+    pub(crate) fn probe_due(&self, ordering: bool) -> &str {
+        if ordering {
+            &self.probe_due_ordered
+        } else {
+            &self.probe_due_unordered
         }
     }
 }

@@ -40,10 +40,14 @@ impl PgStore {
         })
     }
 
-    /// Due events claimed by relays right now (row-locked), or `None` when more than
-    /// `limit` are due and probing would be costly. Counted as due events minus those
-    /// this session can lock with `FOR KEY SHARE SKIP LOCKED`, in a transaction rolled
-    /// back at once; approximate, since rows change between the two counts.
+    /// Due events claimed by relays right now, or `None` when more than `limit` are
+    /// due and probing would be costly. Approximate: rows change while counting.
+    ///
+    /// With ordering on (claims lock aggregates), the due events of the aggregates
+    /// relays hold, read from `pg_locks`: the claimed runs plus any later events of
+    /// those aggregates. With ordering off (claims lock rows), due events minus those
+    /// this session can lock with `FOR KEY SHARE SKIP LOCKED`, in a transaction
+    /// rolled back at once.
     pub async fn in_flight(&self, limit: u32) -> Result<Option<u64>> {
         let sql = self.outbox().sql();
         let probe = i64::from(limit) + 1;
@@ -55,6 +59,14 @@ impl PgStore {
         if due > i64::from(limit) {
             tx.rollback().await?;
             return Ok(None);
+        }
+        if self.config().ordering {
+            let held: i64 = sqlx::query_scalar(&sql.count_due_in_locked_aggregates)
+                .bind(probe)
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.rollback().await?;
+            return Ok(Some(u64::try_from(held).unwrap_or(0)));
         }
         let unlocked: i64 = sqlx::query_scalar(&sql.count_due_unlocked)
             .bind(probe)

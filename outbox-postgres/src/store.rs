@@ -1,25 +1,38 @@
 //! [`PgStore`]: the relay's view of the outbox table.
 //!
-//! A claim is a transaction: `SELECT ... FOR UPDATE SKIP LOCKED` locks the batch,
-//! the relay publishes, then the outcomes are written with set-based statements and
-//! the transaction commits. If the relay dies at any point before the commit, its
-//! connection closes, PostgreSQL rolls back, and the rows are claimable again at
-//! once: at least once, never lost. Claiming and recording use no session state (no
-//! session advisory locks, no LISTEN), so they work through a transaction-pooling
-//! proxy; only the opt-in [`Wakeup::Notify`] needs a direct session for its listener.
+//! A claim is a transaction: it locks the batch, the relay publishes, then the
+//! outcomes are written with set-based statements and the transaction commits. If
+//! the relay dies at any point before the commit, its connection closes, PostgreSQL
+//! rolls back, and the rows are claimable again at once: at least once, never lost.
+//!
+//! With per-aggregate ordering on (the default) a claim takes *runs*: in two
+//! statements, it first locks aggregates (transaction-scoped advisory locks, one per
+//! aggregate, tried while walking the oldest pending events), then reads each locked
+//! aggregate's events in insertion order with a snapshot taken after the locks.
+//! Relays skip each other's aggregates, a claim costs the same whatever the key
+//! distribution or the backlog, and an aggregate whose oldest event is not due is
+//! held (a row in the holds table) until it is, so its followers cost nothing.
+//! Without ordering, `SELECT ... FOR UPDATE SKIP LOCKED` takes any due events.
+//!
+//! Claiming and recording use no session state (transaction-scoped locks and
+//! settings only, no LISTEN), so they work through a transaction-pooling proxy; only
+//! the opt-in [`Wakeup::Notify`] needs a direct session for its listener.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use outbox_core::{Claim, Decision, Event, Store, StoreError};
+use sqlx::postgres::PgRow;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use crate::enqueue::Outbox;
 use crate::error::{Error, Result};
 use crate::row;
-use crate::sql::{AfterDeadLetter, Sql};
+use crate::sql::{self, AfterDeadLetter, Sql};
 use crate::tables::Tables;
 use crate::wakeup::{Waker, Wakeup};
 
@@ -39,10 +52,12 @@ pub enum Retention {
 pub struct StoreConfig {
     /// Publish the events of one aggregate in insertion order. Defaults to `true`.
     ///
-    /// With ordering on, only the oldest unpublished event of each aggregate can be
-    /// claimed, so a batch holds at most one event per aggregate and a failing or
+    /// With ordering on, a claim takes runs: for each aggregate it locks, the oldest
+    /// unpublished events in insertion order, up to the first one not due. No other
+    /// relay claims an aggregate while a claim holds it, and a failing or
     /// backing-off event holds back its own aggregate only. With ordering off, any
-    /// due event can be claimed: maximum parallelism, no order between relays.
+    /// due event can be claimed: maximum parallelism, no order between relays. All
+    /// relays of one outbox must use the same setting.
     pub ordering: bool,
     /// Followers of a dead-lettered event, when ordering is on. Defaults to
     /// [`AfterDeadLetter::Release`].
@@ -160,29 +175,30 @@ impl PgStore {
         self.outbox.sql()
     }
 
-    /// The statement opening a claim transaction (simple protocol), the claim
-    /// statement (bind: limit) and the statement recording published events (bind:
-    /// `uuid[]`) of this configuration, for benchmarks that measure the same SQL
-    /// work without the relay. Not a stable API.
+    /// The statements of this configuration's claim and record, for benchmarks that
+    /// measure the same SQL work without the relay. Not a stable API.
     #[doc(hidden)]
-    pub fn claim_and_record_sql(&self) -> (&'static str, &str, &str) {
+    pub fn claim_and_record_sql(&self) -> ClaimSql<'_> {
+        let sql = self.sql();
         let record = match self.config.retention {
-            Retention::Delete => &self.sql().delete_published,
-            Retention::Keep(_) => &self.sql().mark_published,
+            Retention::Delete => &sql.delete_published,
+            Retention::Keep(_) => &sql.mark_published,
         };
-        (
-            self.begin_statement(),
-            self.sql()
-                .claim(self.config.ordering, self.config.after_dead_letter),
+        ClaimSql {
+            begin: self.begin_statement(),
+            ordered: self.config.ordering,
+            claim_unordered: &sql.claim_unordered,
+            claim_aggregates: &sql.claim_aggregates,
+            claim_runs: &sql.claim_runs,
             record,
-        )
+        }
     }
 
     fn begin_statement(&self) -> &'static str {
         if self.config.synchronous_commit {
-            "BEGIN"
+            sql::BEGIN
         } else {
-            "BEGIN; SET LOCAL synchronous_commit = off"
+            sql::BEGIN_ASYNC_COMMIT
         }
     }
 
@@ -191,34 +207,297 @@ impl PgStore {
             .map_err(|_| Error::InvalidConfig("batch size too large".into()))?;
         let mut tx = self.pool.begin_with(self.begin_statement()).await?;
         self.waker.claiming();
-        let rows = sqlx::query(
-            self.sql()
-                .claim(self.config.ordering, self.config.after_dead_letter),
-        )
-        .bind(limit)
-        .fetch_all(&mut *tx)
-        .await?;
-        let events = rows
-            .iter()
-            .map(row::event)
-            .collect::<Result<Vec<Event>, _>>()?;
+        let events = if self.config.ordering {
+            self.claim_runs(&mut tx, limit).await?
+        } else {
+            let rows = sqlx::query(&self.sql().claim_unordered)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await?;
+            rows.iter()
+                .map(row::event)
+                .collect::<Result<Vec<Event>, _>>()?
+        };
         self.waker.claimed(events.len());
-        if events.is_empty() {
+        let tx = if events.is_empty() {
+            // Holds written while claiming must stay.
             tx.commit().await?;
-            return Ok(PgClaim {
-                tx: None,
-                events,
-                sql: Arc::clone(self.sql()),
-                retention: self.config.retention,
-            });
-        }
+            None
+        } else {
+            Some(tx)
+        };
         Ok(PgClaim {
-            tx: Some(tx),
+            tx,
             events,
             sql: Arc::clone(self.sql()),
-            retention: self.config.retention,
+            config: self.config,
         })
     }
+
+    /// The ordered claim: lock aggregates while reading their runs, and read them
+    /// again if something may have changed them meanwhile (see `sql::claim_aggregates`).
+    async fn claim_runs(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        limit: i64,
+    ) -> Result<Vec<Event>> {
+        let scan_window = limit.saturating_mul(SCAN_WINDOW);
+        let expired_holds = (limit / i64::from(sql::RELEASED_RUN)).max(1);
+        let walked = sqlx::query(&self.sql().claim_aggregates)
+            .bind(limit)
+            .bind(scan_window)
+            .bind(expired_holds)
+            .fetch_all(&mut **tx)
+            .await?;
+        if walked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut window = LockedAggregates::default();
+        let mut released = LockedAggregates::default();
+        let mut rows = Vec::with_capacity(walked.len());
+        // Whether the walk's rows can be used as read: every row locked, none skipped
+        // for a lock another transaction held, none touched by another transaction.
+        let mut as_read = true;
+        let mut expected_rn = 1_i64;
+        for row in &walked {
+            let aggregate_type: String = row.try_get("aggregate_type")?;
+            let aggregate_id: String = row.try_get("aggregate_id")?;
+            if row.try_get::<bool, _>("held")? {
+                released.push(aggregate_type, aggregate_id);
+                continue;
+            }
+            let rn: i64 = row.try_get("rn")?;
+            let locked: bool = row.try_get("locked")?;
+            let clean: bool = row.try_get("clean")?;
+            as_read &= locked && clean && rn == expected_rn;
+            expected_rn = rn + 1;
+            let seq: i64 = row.try_get("seq")?;
+            window.from_seq = Some(window.from_seq.map_or(seq, |f| f.min(seq)));
+            if !locked {
+                continue;
+            }
+            window.to_seq = Some(window.to_seq.map_or(seq, |t| t.max(seq)));
+            window.push(aggregate_type, aggregate_id);
+            rows.push(RunRow::walked(row)?);
+        }
+        if !as_read {
+            rows.clear();
+        } else {
+            window = LockedAggregates::default();
+        }
+        if !window.types.is_empty() || !released.types.is_empty() {
+            window.dedup();
+            let again = sqlx::query(&self.sql().claim_runs)
+                .bind(&window.types)
+                .bind(&window.ids)
+                .bind(window.from_seq)
+                .bind(window.to_seq)
+                .bind(&released.types)
+                .bind(&released.ids)
+                .fetch_all(&mut **tx)
+                .await?;
+            for row in &again {
+                rows.push(RunRow::read_again(row)?);
+            }
+        }
+        let runs = Runs::cut(rows, self.config.after_dead_letter);
+
+        // Holds: aggregates whose oldest event waits; lifted: expired holds whose
+        // aggregate moves again (or has nothing left).
+        if !runs.holds.is_empty() {
+            let t: Vec<&str> = runs.holds.iter().map(|h| h.key.0.as_str()).collect();
+            let i: Vec<&str> = runs.holds.iter().map(|h| h.key.1.as_str()).collect();
+            let u: Vec<Option<DateTime<Utc>>> = runs.holds.iter().map(|h| h.until).collect();
+            sqlx::query(&self.sql().hold)
+                .bind(&t)
+                .bind(&i)
+                .bind(&u)
+                .execute(&mut **tx)
+                .await?;
+        }
+        let held_now: HashSet<(&str, &str)> = runs
+            .holds
+            .iter()
+            .map(|h| (h.key.0.as_str(), h.key.1.as_str()))
+            .collect();
+        let (lift_types, lift_ids): (Vec<&str>, Vec<&str>) = released
+            .types
+            .iter()
+            .zip(&released.ids)
+            .map(|(t, i)| (t.as_str(), i.as_str()))
+            .filter(|key| !held_now.contains(key))
+            .unzip();
+        if !lift_types.is_empty() {
+            sqlx::query(&self.sql().unhold)
+                .bind(&lift_types)
+                .bind(&lift_ids)
+                .execute(&mut **tx)
+                .await?;
+        }
+        let mut events = runs.events;
+        events.sort_by_key(|e| e.seq);
+        Ok(events)
+    }
+}
+
+/// Aggregates locked by step 1 of an ordered claim, as step 2 binds them.
+#[derive(Default)]
+struct LockedAggregates {
+    types: Vec<String>,
+    ids: Vec<String>,
+    /// Window aggregates: the range of the pending index to read.
+    from_seq: Option<i64>,
+    to_seq: Option<i64>,
+}
+
+impl LockedAggregates {
+    fn push(&mut self, aggregate_type: String, aggregate_id: String) {
+        self.types.push(aggregate_type);
+        self.ids.push(aggregate_id);
+    }
+
+    /// One entry per aggregate (step 1 gives one per row).
+    fn dedup(&mut self) {
+        let mut seen = HashSet::new();
+        let (types, ids): (Vec<String>, Vec<String>) = std::mem::take(&mut self.types)
+            .into_iter()
+            .zip(std::mem::take(&mut self.ids))
+            .filter(|key| seen.insert(key.clone()))
+            .unzip();
+        self.types = types;
+        self.ids = ids;
+    }
+}
+
+/// Rows of the pending index an ordered claim walks per event it may take: room to
+/// step over the aggregates other relays hold (8 relays with full batches) while
+/// bounding what a claim that finds nothing costs.
+const SCAN_WINDOW: i64 = 8;
+
+/// The runs read by an ordered claim, cut where they must stop.
+struct Runs {
+    events: Vec<Event>,
+    holds: Vec<Hold>,
+}
+
+/// An aggregate to hold: its oldest event is not due before `until` (`None`: a
+/// blocking dead letter, looked at again after a recheck interval).
+struct Hold {
+    key: (String, String),
+    until: Option<DateTime<Utc>>,
+}
+
+impl Runs {
+    /// Cut each aggregate's rows (sorted here by aggregate, then seq) before the
+    /// first row that is not due, or, with [`AfterDeadLetter::Block`],
+    /// the first dead letter; with `Release`, dead letters are stepped over. An
+    /// aggregate whose very first row stops it is held.
+    fn cut(mut rows: Vec<RunRow>, after_dead_letter: AfterDeadLetter) -> Self {
+        rows.sort_by(|a, b| {
+            (&a.event.aggregate_type, &a.event.aggregate_id, a.event.seq).cmp(&(
+                &b.event.aggregate_type,
+                &b.event.aggregate_id,
+                b.event.seq,
+            ))
+        });
+        let mut events = Vec::with_capacity(rows.len());
+        let mut holds = Vec::new();
+        let mut current: Option<(String, String)> = None;
+        let mut taken = 0usize;
+        let mut stopped = false;
+        for row in rows {
+            let key = (
+                row.event.aggregate_type.clone(),
+                row.event.aggregate_id.clone(),
+            );
+            if current.as_ref() != Some(&key) {
+                current = Some(key.clone());
+                taken = 0;
+                stopped = false;
+            }
+            if stopped {
+                continue;
+            }
+            let stop = if row.dead {
+                match after_dead_letter {
+                    AfterDeadLetter::Release => continue,
+                    AfterDeadLetter::Block => Some(None),
+                }
+            } else if !row.due {
+                Some(Some(row.available_at))
+            } else {
+                None
+            };
+            match stop {
+                Some(until) => {
+                    stopped = true;
+                    if taken == 0 {
+                        holds.push(Hold { key, until });
+                    }
+                }
+                None => {
+                    taken += 1;
+                    events.push(row.event);
+                }
+            }
+        }
+        Self { events, holds }
+    }
+}
+
+/// One row of a run, from either step of the ordered claim.
+struct RunRow {
+    event: Event,
+    available_at: DateTime<Utc>,
+    due: bool,
+    dead: bool,
+}
+
+impl RunRow {
+    /// A row of step 1 (the pending index holds no dead letters).
+    fn walked(row: &PgRow) -> Result<Self> {
+        Ok(Self {
+            event: row::event(row)?,
+            available_at: row.try_get("available_at")?,
+            due: row.try_get("due")?,
+            dead: false,
+        })
+    }
+
+    /// A row of step 2.
+    fn read_again(row: &PgRow) -> Result<Self> {
+        Ok(Self {
+            event: row::event(row)?,
+            available_at: row.try_get("available_at")?,
+            due: row.try_get("due")?,
+            dead: row.try_get("dead")?,
+        })
+    }
+}
+
+/// The SQL of a claim and its record, for benchmarks (see
+/// [`PgStore::claim_and_record_sql`]). Not a stable API.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimSql<'a> {
+    /// Opens the claim transaction (simple protocol).
+    pub begin: &'static str,
+    /// Whether claims are ordered (two statements) or not (one).
+    pub ordered: bool,
+    /// Unordered claim; bind: limit.
+    pub claim_unordered: &'a str,
+    /// Ordered claim, step 1; bind: limit, scan window, expired holds.
+    pub claim_aggregates: &'a str,
+    /// Ordered claim, step 2; bind: types, ids, from seq, to seq (window aggregates),
+    /// types, ids (expired holds).
+    pub claim_runs: &'a str,
+    /// Records published events; bind: `uuid[]`.
+    pub record: &'a str,
+}
+
+impl ClaimSql<'_> {
+    /// Rows of the pending index an ordered claim walks per event it may take.
+    pub const SCAN_WINDOW: i64 = SCAN_WINDOW;
 }
 
 impl Store for PgStore {
@@ -229,26 +508,29 @@ impl Store for PgStore {
     }
 
     async fn pending(&self) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(&self.sql().count_pending)
+        let row = sqlx::raw_sql(&self.sql().count_pending)
             .fetch_one(&self.pool)
             .await
             .map_err(Error::from)?;
+        let n: i64 = row.try_get(0).map_err(Error::from)?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn wait_for_events(&self, timeout: Duration) {
-        self.waker.wait(&self.pool, timeout).await;
+        let probe = self.sql().probe_due(self.config.ordering);
+        self.waker.wait(&self.pool, probe, timeout).await;
     }
 }
 
-/// A batch of locked events; dropping it without [`Claim::complete`] rolls back and
-/// releases them.
+/// A batch of locked events. [`Claim::complete`] records the outcomes,
+/// [`Claim::release`] gives the events back; dropping it gives them back too, once
+/// sqlx has rolled the transaction back (when the connection is next used).
 #[derive(Debug)]
 pub struct PgClaim {
     tx: Option<Transaction<'static, Postgres>>,
     events: Vec<Event>,
     sql: Arc<Sql>,
-    retention: Retention,
+    config: StoreConfig,
 }
 
 impl PgClaim {
@@ -283,10 +565,12 @@ impl PgClaim {
                     delays_ms.push(0.0);
                     dead.push(true);
                 }
+                // Nothing is written for it; the commit releases its lock.
+                Decision::HeldBack => {}
             }
         }
         if !published.is_empty() {
-            let statement = match self.retention {
+            let statement = match self.config.retention {
                 Retention::Delete => &self.sql.delete_published,
                 Retention::Keep(_) => &self.sql.mark_published,
             };
@@ -296,7 +580,10 @@ impl PgClaim {
                 .await?;
         }
         if !failed_ids.is_empty() {
-            sqlx::query(&self.sql.record_failures)
+            let statement = self
+                .sql
+                .record_failures(self.config.ordering, self.config.after_dead_letter);
+            sqlx::query(statement)
                 .bind(&failed_ids)
                 .bind(&errors)
                 .bind(&delays_ms)
@@ -316,5 +603,12 @@ impl Claim for PgClaim {
 
     async fn complete(self, decisions: Vec<Decision>) -> Result<(), StoreError> {
         Ok(self.record(decisions).await?)
+    }
+
+    async fn release(mut self) -> Result<(), StoreError> {
+        if let Some(tx) = self.tx.take() {
+            tx.rollback().await.map_err(Error::from)?;
+        }
+        Ok(())
     }
 }

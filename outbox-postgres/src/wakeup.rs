@@ -6,7 +6,9 @@
 //!   then doubles the interval on every empty check up to the relay's
 //!   `poll_interval`. Commit-to-publish latency under steady traffic is about
 //!   `fast`; an idle relay costs `1 / poll_interval` claims a second; sparse
-//!   traffic costs some 20-30 checks per event (see `BENCHMARKS.md`).
+//!   traffic costs some 20-30 checks per event (see `BENCHMARKS.md`). When due
+//!   events exist but claims find none of them free (other relays hold their
+//!   aggregates), the relay backs off the same way instead of claiming in a loop.
 //! - [`Wakeup::FixedPoll`]: sleep the relay's `poll_interval` after every empty claim.
 //! - [`Wakeup::Notify`]: opt-in `LISTEN`/`NOTIFY`. Needs [`install_notify_trigger`],
 //!   which makes every inserting statement `NOTIFY`. PostgreSQL serialises
@@ -112,6 +114,9 @@ pub(crate) struct Waker {
     last_found: AtomicU64,
     /// Empty polls since the fast phase ended.
     backoff_steps: AtomicU32,
+    /// Claims in a row that found nothing although the probe had seen due events:
+    /// other relays hold those events' aggregates.
+    contended: AtomicU32,
     epoch: Instant,
     /// Notify mode: the listening task, started on first wait.
     listener: Mutex<Option<Listening>>,
@@ -120,7 +125,6 @@ pub(crate) struct Waker {
     seen_by_claim: AtomicU64,
     notified: Arc<Notify>,
     channel: String,
-    probe: String,
 }
 
 #[derive(Debug)]
@@ -140,13 +144,13 @@ impl Waker {
             mode,
             last_found: AtomicU64::new(0),
             backoff_steps: AtomicU32::new(0),
+            contended: AtomicU32::new(0),
             epoch: Instant::now(),
             listener: Mutex::new(None),
             received: Arc::new(AtomicU64::new(0)),
             seen_by_claim: AtomicU64::new(0),
             notified: Arc::new(Notify::new()),
             channel: sql.notify_channel.clone(),
-            probe: sql.probe_due.clone(),
         }
     }
 
@@ -166,14 +170,18 @@ impl Waker {
             let micros = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.last_found.store(micros, Ordering::Relaxed);
             self.backoff_steps.store(0, Ordering::Relaxed);
+            self.contended.store(0, Ordering::Relaxed);
         }
     }
 
-    pub(crate) async fn wait(&self, pool: &PgPool, timeout: Duration) {
+    /// Wait for due events; `probe` is the simple-protocol statement answering
+    /// whether there are any (one boolean).
+    pub(crate) async fn wait(&self, pool: &PgPool, probe: &str, timeout: Duration) {
         match &self.mode {
             Wakeup::FixedPoll => tokio::time::sleep(timeout).await,
             Wakeup::AdaptivePoll { fast, linger } => {
-                self.wait_adaptive(pool, *fast, *linger, timeout).await;
+                self.wait_adaptive(pool, probe, *fast, *linger, timeout)
+                    .await;
             }
             Wakeup::Notify { url } => self.wait_notified(pool, url.as_deref(), timeout).await,
         }
@@ -185,11 +193,21 @@ impl Waker {
     async fn wait_adaptive(
         &self,
         pool: &PgPool,
+        probe: &str,
         fast: Duration,
         linger: Duration,
         timeout: Duration,
     ) {
         let deadline = Instant::now() + timeout;
+        // The last wait saw due events and the claim after it found none free:
+        // wait longer each time, up to `timeout`, rather than claim in a loop.
+        let contended = self.contended.load(Ordering::Relaxed);
+        if contended > 0 {
+            let pause = fast
+                .saturating_mul(2u32.saturating_pow(contended.min(30)))
+                .min(timeout);
+            tokio::time::sleep(pause).await;
+        }
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let interval = self.adaptive_interval(fast, linger, timeout);
@@ -197,13 +215,18 @@ impl Waker {
             if interval >= left {
                 return;
             }
-            match sqlx::query_scalar::<_, bool>(&self.probe)
+            let due = sqlx::raw_sql(probe)
                 .fetch_one(pool)
                 .await
-            {
+                .and_then(|row| sqlx::Row::try_get::<bool, _>(&row, 0));
+            match due {
                 Ok(false) => {}
-                // Due events, or an error the claim will report.
-                Ok(true) | Err(_) => return,
+                Ok(true) => {
+                    self.contended.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                // An error the claim will report.
+                Err(_) => return,
             }
         }
     }

@@ -354,16 +354,33 @@ async fn periodic_cleanup_deletes_published_rows_until_stopped() {
 #[tokio::test]
 async fn in_flight_counts_events_claimed_by_a_relay() {
     use outbox_core::Claim;
-    let db = TestOutbox::new().await.unwrap();
-    common::fill(&db, 10, 1).await;
-    let store = db.store();
-    assert_eq!(store.in_flight(100).await.unwrap(), Some(0));
-    let claim = store.claim(4).await.unwrap();
-    assert_eq!(claim.events().len(), 4);
-    assert_eq!(store.in_flight(100).await.unwrap(), Some(4));
-    // Too many due events to probe cheaply.
-    assert_eq!(store.in_flight(5).await.unwrap(), None);
-    drop(claim);
-    assert_eq!(store.in_flight(100).await.unwrap(), Some(0));
-    db.drop_schema().await.unwrap();
+    use outbox_postgres::StoreConfig;
+    // Ordered claims lock aggregates, unordered ones rows: both are counted.
+    for ordering in [true, false] {
+        let db = TestOutbox::new().await.unwrap();
+        common::fill(&db, 10, 1).await;
+        let store = db.store().with_config(StoreConfig {
+            ordering,
+            ..StoreConfig::default()
+        });
+        assert_eq!(store.in_flight(100).await.unwrap(), Some(0));
+        let claim = store.claim(4).await.unwrap();
+        assert_eq!(claim.events().len(), 4);
+        assert_eq!(
+            store.in_flight(100).await.unwrap(),
+            Some(4),
+            "ordering {ordering}"
+        );
+        // Too many due events to probe cheaply.
+        assert_eq!(store.in_flight(5).await.unwrap(), None);
+        // An explicit release returns once the claim's locks are gone (a dropped
+        // claim is rolled back only when its connection is next used).
+        claim.release().await.unwrap();
+        assert_eq!(
+            store.in_flight(100).await.unwrap(),
+            Some(0),
+            "ordering {ordering}"
+        );
+        db.drop_schema().await.unwrap();
+    }
 }

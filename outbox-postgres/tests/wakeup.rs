@@ -75,7 +75,7 @@ async fn notify_wakes_a_waiting_store_and_a_claim_consumes_the_wake_up() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let claim = store.claim(1000).await.unwrap();
     assert!(!claim.events().is_empty());
-    drop(claim);
+    claim.release().await.unwrap();
     let waited =
         tokio::time::timeout(Duration::from_millis(500), store.wait_for_events(FOREVER)).await;
     assert!(waited.is_err(), "woke up without a new commit");

@@ -343,7 +343,8 @@ impl Sql {
                  count(*) FILTER (WHERE {pending} AND available_at > now()), \
                  count(*) FILTER (WHERE dead_at IS NOT NULL AND processed_at IS NULL), \
                  COALESCE(extract(epoch FROM now() - min(created_at) FILTER (WHERE {pending})), 0)::float8, \
-                 count(*) FILTER (WHERE processed_at > now() - interval '1 hour') \
+                 count(*) FILTER (WHERE processed_at > now() - interval '1 hour'), \
+                 (SELECT count(*) FROM {holds}) \
                  FROM {events}"
             ),
 

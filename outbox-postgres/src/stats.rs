@@ -20,10 +20,14 @@ pub struct OutboxStats {
     pub oldest_pending_age: Duration,
     /// Events published in the last hour (only counted with [`crate::Retention::Keep`]).
     pub processed_last_hour: u64,
+    /// Aggregates held back (ordering on): their oldest event is backing off after a
+    /// failure, delayed, or a dead letter that blocks them; their later events wait.
+    pub held_aggregates: u64,
 }
 
 impl PgStore {
-    /// Count pending, scheduled, dead and recently published events (one table scan).
+    /// Count pending, scheduled, dead and recently published events (one table scan)
+    /// and held aggregates.
     pub async fn stats(&self) -> Result<OutboxStats> {
         let row = sqlx::query(&self.outbox().sql().stats)
             .fetch_one(self.pool())
@@ -37,6 +41,7 @@ impl PgStore {
             dead_letters: count(2)?,
             oldest_pending_age: Duration::try_from_secs_f64(age.max(0.0)).unwrap_or_default(),
             processed_last_hour: count(4)?,
+            held_aggregates: count(5)?,
         })
     }
 

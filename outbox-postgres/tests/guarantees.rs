@@ -263,6 +263,12 @@ async fn failing_head_delays_its_own_aggregate_only() {
         3,
         "x's three events wait"
     );
+    let stats = db.store().stats().await.unwrap();
+    assert_eq!(
+        (stats.held_aggregates, stats.scheduled),
+        (1, 1),
+        "x is held, its head scheduled"
+    );
     db.drop_schema().await.unwrap();
 }
 

@@ -71,6 +71,7 @@ pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Fail
             "dead_letters": stats.dead_letters,
             "oldest_pending_age_seconds": stats.oldest_pending_age.as_secs_f64(),
             "processed_last_hour": stats.processed_last_hour,
+            "held_aggregates": stats.held_aggregates,
         });
         println!("{line}");
     } else {
@@ -84,6 +85,7 @@ pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Fail
             Some(n) => println!("  in flight (locked) {n}"),
             None => println!("  in flight (locked) n/a (more than {IN_FLIGHT_PROBE_LIMIT} due)"),
         }
+        println!("  held aggregates    {}", stats.held_aggregates);
         println!("dead letters         {}", stats.dead_letters);
         println!("oldest pending age   {}", humantime::format_duration(age));
         println!("published last hour  {}{kept}", stats.processed_last_hour);

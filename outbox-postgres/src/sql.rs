@@ -159,10 +159,13 @@ impl Sql {
                  hashtext({alias}.aggregate_type || ' ' || {alias}.aggregate_id))"
             )
         };
+        // Most of the time nothing is held: one look at the holds table per statement
+        // (an init plan) then spares every row its primary-key probe.
         let not_held = |alias: &str| {
             format!(
-                "NOT EXISTS (SELECT 1 FROM {holds} h WHERE h.aggregate_type = {alias}.aggregate_type \
-                 AND h.aggregate_id = {alias}.aggregate_id)"
+                "(NOT EXISTS (SELECT 1 FROM {holds}) OR NOT EXISTS (SELECT 1 FROM {holds} h \
+                 WHERE h.aggregate_type = {alias}.aggregate_type \
+                 AND h.aggregate_id = {alias}.aggregate_id))"
             )
         };
         let failures = "UPDATE {events} e SET attempts = e.attempts + 1, last_error = f.error, \
@@ -264,24 +267,30 @@ impl Sql {
             // someone deleted, updated or locked (`clean` false: the row's version,
             // fetched again by its ctid *after* its lock was taken, has an xmax; a
             // relay that held the aggregate and committed between our read and our
-            // lock shows up there, which an xmax read with the row would miss).
+            // lock shows up there, which an xmax read with the row would miss). The
+            // same fetch by ctid reads the payload and headers, so the rows the walk
+            // steps over (other relays' aggregates) cost no JSON formatting.
             // Without either, the rows are used as they are; with one, the store reads
             // the locked aggregates again (step 2). Not-due rows are walked too, so a
             // run never starts behind a head that waits.
             claim_aggregates: format!(
-                "(SELECT l.*, false AS held, \
-                 (SELECT r.xmax = 0 FROM {events} r WHERE r.ctid = l.row_ctid) AS clean \
+                "(SELECT l.seq, l.id, l.aggregate_type, l.aggregate_id, l.event_type, \
+                 r.payload, r.headers, l.destination, l.attempts, l.created_at, \
+                 l.available_at, l.due, l.rn, l.locked, false AS held, r.clean \
                  FROM (SELECT n.*, {} AS locked \
                  FROM (SELECT w.*, row_number() OVER (ORDER BY w.seq) AS rn \
-                 FROM (SELECT {run_columns}, e.available_at, e.available_at <= now() AS due, \
-                 e.ctid AS row_ctid FROM {events} e \
+                 FROM (SELECT e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, \
+                 e.destination, e.attempts, e.created_at, e.available_at, \
+                 e.available_at <= now() AS due, e.ctid AS row_ctid FROM {events} e \
                  WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND {} \
                  ORDER BY e.seq LIMIT $2) w) n) l \
+                 LEFT JOIN LATERAL (SELECT r.payload::text AS payload, r.headers::text AS headers, \
+                 r.xmax = 0 AS clean FROM {events} r WHERE r.ctid = l.row_ctid) r ON true \
                  WHERE l.locked OR l.rn = 1 LIMIT $1) \
                  UNION ALL \
                  (SELECT NULL::int8, NULL::uuid, x.aggregate_type, x.aggregate_id, NULL::text, \
                  NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \
-                 NULL::timestamptz, NULL::bool, NULL::tid, NULL::int8, true, true, NULL::bool \
+                 NULL::timestamptz, NULL::bool, NULL::int8, true, true, NULL::bool \
                  FROM (SELECT aggregate_type, aggregate_id FROM {holds} \
                  WHERE until <= now() ORDER BY until LIMIT $3) x WHERE {})",
                 lock("n"),

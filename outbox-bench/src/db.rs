@@ -78,6 +78,20 @@ impl Bench {
         self.settle().await
     }
 
+    /// Update the events table's statistics (as autovacuum would), nothing else.
+    pub(crate) async fn analyze(&self) -> Result<()> {
+        sqlx::query(&format!("ANALYZE {SCHEMA}.outbox_events"))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Write dirty pages out before a timed phase, so that phases start alike.
+    pub(crate) async fn checkpoint(&self) -> Result<()> {
+        sqlx::query("CHECKPOINT").execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// Update statistics and checkpoint before a timed phase.
     pub(crate) async fn settle(&self) -> Result<()> {
         sqlx::query(&format!("VACUUM ANALYZE {SCHEMA}.outbox_events"))
@@ -90,11 +104,18 @@ impl Bench {
     /// Enqueue `n` events over `aggregates` aggregates with `enqueue_many`, in
     /// transactions of 5000 events on two connections.
     pub(crate) async fn fill(&self, n: u64, aggregates: u64) -> Result<()> {
+        self.fill_keys(n, &Keys::Uniform(aggregates)).await
+    }
+
+    /// Enqueue `n` events whose aggregates follow `keys`, as [`Bench::fill`] does.
+    pub(crate) async fn fill_keys(&self, n: u64, keys: &Keys) -> Result<()> {
+        let keys = Arc::new(keys.draw(n));
         let started = Instant::now();
         let next = Arc::new(AtomicU64::new(0));
         let chunk = 5000;
         let fillers = (0..2).map(|_| {
             let next = Arc::clone(&next);
+            let keys = Arc::clone(&keys);
             async move {
                 let mut conn = PgConnection::connect(&self.url).await?;
                 loop {
@@ -103,7 +124,7 @@ impl Bench {
                         return Ok::<_, Box<dyn std::error::Error + Send + Sync>>(());
                     }
                     let events: Vec<NewEvent> = (from..(from + chunk).min(n))
-                        .map(|i| event(i, aggregates))
+                        .map(|i| event_of(i, keys[i as usize]))
                         .collect();
                     let mut tx = conn.begin().await?;
                     self.outbox.enqueue_many(&mut tx, &events).await?;
@@ -155,55 +176,151 @@ impl Bench {
     }
 }
 
+/// How the events of a backlog spread over aggregates.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Keys {
+    /// Event `i` belongs to aggregate `i % k`: every aggregate alike, interleaved.
+    Uniform(u64),
+    /// Aggregate `k` (of `keys`) drawn with probability proportional to
+    /// `1 / (k + 1)^s` (a Zipf law: a few hot aggregates, a long tail), from a
+    /// fixed seed so that runs compare.
+    Zipf { s: f64, keys: u64 },
+}
+
+impl Keys {
+    /// The aggregate number of each of `n` events.
+    pub(crate) fn draw(&self, n: u64) -> Vec<u64> {
+        match *self {
+            Keys::Uniform(k) => (0..n).map(|i| i % k.max(1)).collect(),
+            Keys::Zipf { s, keys } => {
+                let mut cdf: Vec<f64> = Vec::with_capacity(keys as usize);
+                let mut total = 0.0;
+                for k in 0..keys.max(1) {
+                    total += 1.0 / ((k + 1) as f64).powf(s);
+                    cdf.push(total);
+                }
+                let mut rng = fastrand::Rng::with_seed(0x5eed);
+                (0..n)
+                    .map(|_| {
+                        let u = rng.f64() * total;
+                        cdf.partition_point(|&c| c < u) as u64
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Short name for result lines.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Keys::Uniform(k) => format!("{k} aggregates"),
+            Keys::Zipf { s, keys } => format!("zipf s={s} over {keys} keys"),
+        }
+    }
+}
+
 /// The benchmark event: a small order payload, aggregates interleaved.
 pub(crate) fn event(i: u64, aggregates: u64) -> NewEvent {
+    event_of(i, i % aggregates.max(1))
+}
+
+/// The benchmark event number `i`, of aggregate `a{aggregate}`.
+pub(crate) fn event_of(i: u64, aggregate: u64) -> NewEvent {
     let payload = format!(
         r#"{{"order_id":{i},"customer":"c{}","total_cents":{},"currency":"EUR"}}"#,
         i % 977,
         (i * 37) % 100_000
     );
-    NewEvent::from_json_str(
-        "order",
-        format!("a{}", i % aggregates.max(1)),
-        "order.created",
-        payload,
-    )
+    NewEvent::from_json_str("order", format!("a{aggregate}"), "order.created", payload)
+}
+
+/// Offer `total` events at `rate` per second, one per producer transaction, each on
+/// a task of its own so that a slow commit does not slow the offer; the commit
+/// instant of every event.
+pub(crate) async fn produce_at_rate(
+    bench: &Bench,
+    rate: u64,
+    total: u64,
+) -> Result<Vec<(Uuid, Instant)>> {
+    let committed: Arc<std::sync::Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
+    let period = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        ticks.tick().await;
+        let pool = bench.pool.clone();
+        let outbox = bench.outbox.clone();
+        let committed = Arc::clone(&committed);
+        tasks.spawn(async move {
+            let mut tx = pool.begin().await?;
+            let id = outbox.enqueue(&mut tx, &event(i, 10_000)).await?;
+            tx.commit().await?;
+            let now = Instant::now();
+            if let Ok(mut c) = committed.lock() {
+                c.push((id, now));
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        });
+        while let Some(done) = tasks.try_join_next() {
+            done??;
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    let stamps = committed.lock().map(|c| c.clone()).unwrap_or_default();
+    Ok(stamps)
 }
 
 /// Run `relays` relays until together they published `n` events; the elapsed time.
+/// A store error, or no end within a generous limit (60 s + 1 s per 2,000 events),
+/// fails the run instead of letting it hang.
 pub(crate) async fn run_relays<P: Publisher + Clone>(
     store: &PgStore,
     publisher: P,
     relays: usize,
     config: &RelayConfig,
     n: u64,
-) -> Duration {
+) -> Result<Duration> {
     let relays: Vec<_> = (0..relays.max(1))
         .map(|_| Relay::new(store.clone(), publisher.clone()).with_config(config.clone()))
         .collect();
     let stats: Vec<_> = relays.iter().map(Relay::stats).collect();
+    let limit = Duration::from_secs(60 + n / 2000);
     let started = Instant::now();
-    let elapsed = Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    let outcome = Arc::new(std::sync::Mutex::new(None::<Result<Duration, String>>));
     let done = {
-        let elapsed = Arc::clone(&elapsed);
+        let outcome = Arc::clone(&outcome);
         async move {
-            loop {
-                let published: u64 = stats.iter().map(|s| s.snapshot().published).sum();
-                if published >= n {
-                    if let Ok(mut e) = elapsed.lock() {
-                        *e = started.elapsed();
-                    }
-                    return;
+            let result = loop {
+                let snapshots: Vec<_> = stats.iter().map(|s| s.snapshot()).collect();
+                if snapshots.iter().map(|s| s.published).sum::<u64>() >= n {
+                    break Ok(started.elapsed());
+                }
+                let errors: u64 = snapshots.iter().map(|s| s.store_errors).sum();
+                if errors > 0 {
+                    break Err(format!("the relays hit {errors} store error(s)"));
+                }
+                if started.elapsed() > limit {
+                    break Err(format!("{n} events not published within {limit:?}"));
                 }
                 // Coarse on purpose: waking often would take CPU from the relay.
                 tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            if let Ok(mut o) = outcome.lock() {
+                *o = Some(result);
             }
         }
     };
     let done = futures_util::FutureExt::shared(Box::pin(done));
     futures_util::future::join_all(relays.iter().map(|r| r.run(done.clone()))).await;
-    let elapsed = elapsed.lock().map(|e| *e).unwrap_or_default();
-    elapsed
+    let result = outcome.lock().ok().and_then(|mut o| o.take());
+    match result {
+        Some(Ok(elapsed)) => Ok(elapsed),
+        Some(Err(error)) => Err(error.into()),
+        None => Err("the relays stopped without an outcome".into()),
+    }
 }
 
 /// The same SQL work as the relay without it: `loops` connections each running

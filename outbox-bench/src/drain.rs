@@ -89,7 +89,7 @@ pub(crate) async fn drain(url: &str, args: &DrainArgs) -> Result<Report> {
         bench.reset().await?;
         bench.fill(o.events, o.aggregates).await?;
         bench.settle().await?;
-        let relay_time = run_relays(&store, NullPublisher, relays, &config, o.events).await;
+        let relay_time = run_relays(&store, NullPublisher, relays, &config, o.events).await?;
         let rate = o.events as f64 / relay_time.as_secs_f64();
         progress(format!("round {round}: relay {rate:.0} events/s"));
         relay_rate = relay_rate.max(rate);
@@ -163,7 +163,7 @@ pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report>
     bench.fill(o.events, o.aggregates).await?;
     bench.settle().await?;
     progress("relay draining into the null publisher");
-    let null_time = run_relays(&store, NullPublisher, relays, &config, o.events).await;
+    let null_time = run_relays(&store, NullPublisher, relays, &config, o.events).await?;
     let null_rate = o.events as f64 / null_time.as_secs_f64();
 
     let publisher = NatsConfig::new(args.nats_url.as_str())
@@ -183,7 +183,8 @@ pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report>
         workers: args.workers.max(1),
         ..config.clone()
     };
-    let broker_time = run_relays(&store, publisher.clone(), relays, &broker_config, o.events).await;
+    let broker_time =
+        run_relays(&store, publisher.clone(), relays, &broker_config, o.events).await?;
     let broker_rate = o.events as f64 / broker_time.as_secs_f64();
     let _ = publisher.jetstream().delete_stream(stream).await;
 
@@ -229,7 +230,7 @@ pub(crate) async fn history(url: &str, args: &HistoryArgs) -> Result<Report> {
     bench.fill(o.events, o.aggregates).await?;
     bench.settle().await?;
     progress("draining with an empty history");
-    let empty_time = run_relays(&store, NullPublisher, relays, &config, o.events).await;
+    let empty_time = run_relays(&store, NullPublisher, relays, &config, o.events).await?;
     let empty_rate = o.events as f64 / empty_time.as_secs_f64();
 
     bench.reset().await?;
@@ -237,7 +238,7 @@ pub(crate) async fn history(url: &str, args: &HistoryArgs) -> Result<Report> {
     bench.fill(o.events, o.aggregates).await?;
     bench.settle().await?;
     progress(format!("draining with {} processed rows", args.history));
-    let full_time = run_relays(&store, NullPublisher, relays, &config, o.events).await;
+    let full_time = run_relays(&store, NullPublisher, relays, &config, o.events).await?;
     let full_rate = o.events as f64 / full_time.as_secs_f64();
 
     let ratio = full_rate / empty_rate;

@@ -9,7 +9,7 @@ use outbox_core::{Event, Outcome, Publisher, Relay, RelayConfig};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::db::{event, is_drained, Bench};
+use crate::db::{is_drained, produce_at_rate, Bench};
 use crate::{progress, verdict, Mode, Report, Result};
 
 #[derive(Args, Debug)]
@@ -59,33 +59,11 @@ async fn measure(bench: &Bench, mode: Mode, rate: u64, duration: Duration) -> Re
     let producer = async {
         // Let the relay start (and the listener connect) before offering load.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let period = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
-        let mut ticks = tokio::time::interval(period);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let total = rate * duration.as_secs();
         let started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for i in 0..total {
-            ticks.tick().await;
-            let pool = bench.pool.clone();
-            let outbox = bench.outbox.clone();
-            let committed = Arc::clone(&committed);
-            tasks.spawn(async move {
-                let mut tx = pool.begin().await?;
-                let id = outbox.enqueue(&mut tx, &event(i, 10_000)).await?;
-                tx.commit().await?;
-                let now = Instant::now();
-                if let Ok(mut c) = committed.lock() {
-                    c.push((id, now));
-                }
-                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-            });
-            while let Some(done) = tasks.try_join_next() {
-                done??;
-            }
-        }
-        while let Some(done) = tasks.join_next().await {
-            done??;
+        let stamps = produce_at_rate(bench, rate, total).await?;
+        if let Ok(mut c) = committed.lock() {
+            *c = stamps;
         }
         let offered = total as f64 / started.elapsed().as_secs_f64();
         let deadline = Instant::now() + Duration::from_secs(10);

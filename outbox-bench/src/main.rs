@@ -7,8 +7,10 @@
 mod db;
 mod drain;
 mod latency;
+mod live;
 mod produce;
 mod resources;
+mod shapes;
 
 use clap::{Parser, Subcommand};
 
@@ -79,6 +81,16 @@ enum Scenario {
     Rss(resources::RssArgs),
     /// What an idle (or nearly idle) relay costs, per wake-up mode.
     Idle(resources::IdleArgs),
+    /// Ordered drain per key distribution (1 to 10,000 aggregates, Zipf) against the
+    /// unordered rate.
+    Shapes(shapes::ShapesArgs),
+    /// Ordered drain of a large backlog against a small one (10 aggregates).
+    Backlog(shapes::BacklogArgs),
+    /// Ordered drain with 4 relays against 1, per table-statistics state.
+    Scaling(shapes::ScalingArgs),
+    /// Live traffic through `outbox relay` processes into NATS JetStream, from an
+    /// emptied and analysed table (needs the `nats` feature).
+    Live(live::LiveArgs),
     /// Internal: the relay process measured by `rss`.
     #[command(hide = true)]
     RssChild(resources::RssChildArgs),
@@ -122,6 +134,10 @@ async fn run(cli: Cli) -> Result<()> {
         Scenario::History(args) => drain::history(url, &args).await?,
         Scenario::Rss(args) => resources::rss(url, &args).await?,
         Scenario::Idle(args) => resources::idle(url, &args).await?,
+        Scenario::Shapes(args) => shapes::shapes(url, &args).await?,
+        Scenario::Backlog(args) => shapes::backlog_size(url, &args).await?,
+        Scenario::Scaling(args) => shapes::scaling(url, &args).await?,
+        Scenario::Live(args) => live::live(url, &args).await?,
         Scenario::RssChild(args) => return resources::rss_child(url, &args).await,
     };
     println!("{}", report.line);

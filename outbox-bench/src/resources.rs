@@ -92,7 +92,7 @@ pub(crate) async fn rss_child(url: &str, args: &RssChildArgs) -> Result<()> {
     if let Some(batch) = args.batch_size {
         config.batch_size = batch;
     }
-    let elapsed = run_relays(&store, NullPublisher, 1, &config, args.events).await;
+    let elapsed = run_relays(&store, NullPublisher, 1, &config, args.events).await?;
     println!(
         "{}",
         json!({

@@ -1,0 +1,254 @@
+//! Claim cost against the shape of the backlog: how events spread over aggregates,
+//! how many are pending, what the table statistics say, how many relays claim.
+//! Every drain here uses the null publisher, so the figures are the store's.
+
+use clap::Args;
+use outbox_core::{NullPublisher, RelayConfig};
+use outbox_postgres::{Retention, StoreConfig};
+use serde_json::json;
+
+use crate::db::{run_relays, Bench, Keys};
+use crate::{progress, verdict, Report, Result};
+
+/// The statistics PostgreSQL has of the events table when a drain starts.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stats {
+    /// Never analysed (a new table; autovacuum has not run yet).
+    Never,
+    /// Analysed while empty, then filled (a delete-on-publish queue that
+    /// autovacuum analysed between bursts).
+    Empty,
+    /// Filled, then analysed.
+    Full,
+}
+
+impl Stats {
+    fn name(self) -> &'static str {
+        match self {
+            Stats::Never => "never analysed",
+            Stats::Empty => "analysed while empty",
+            Stats::Full => "analysed while full",
+        }
+    }
+}
+
+/// A fresh outbox holding `n` events spread by `keys`, with statistics `stats`.
+async fn backlog(url: &str, n: u64, keys: &Keys, stats: Stats) -> Result<Bench> {
+    let bench = Bench::fresh(url).await?;
+    match stats {
+        Stats::Never => bench.fill_keys(n, keys).await?,
+        Stats::Empty => {
+            bench.analyze().await?;
+            bench.fill_keys(n, keys).await?;
+        }
+        Stats::Full => {
+            bench.fill_keys(n, keys).await?;
+            bench.analyze().await?;
+        }
+    }
+    bench.checkpoint().await?;
+    Ok(bench)
+}
+
+/// Drain the whole backlog with `relays` relays (null publisher); events per second.
+async fn drain_rate(bench: &Bench, n: u64, relays: usize, ordering: bool) -> Result<f64> {
+    let store = bench
+        .store(relays as u32 + 1)
+        .await?
+        .with_config(StoreConfig {
+            ordering,
+            retention: Retention::Delete,
+            ..StoreConfig::default()
+        });
+    let elapsed = run_relays(&store, NullPublisher, relays, &RelayConfig::default(), n).await?;
+    store.pool().close().await;
+    Ok(n as f64 / elapsed.as_secs_f64())
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ShapesArgs {
+    /// Events per backlog.
+    #[arg(long, default_value_t = 100_000)]
+    events: u64,
+    /// Table statistics before each drain.
+    #[arg(long, value_enum, default_value_t = Stats::Full)]
+    stats: Stats,
+}
+
+/// Ordered drain rate per key distribution against the unordered rate, in one run.
+pub(crate) async fn shapes(url: &str, args: &ShapesArgs) -> Result<Report> {
+    let n = args.events;
+    let zipf = Keys::Zipf {
+        s: 1.1,
+        keys: 10_000,
+    };
+    let hottest = {
+        let mut counts = std::collections::HashMap::new();
+        for k in zipf.draw(n) {
+            *counts.entry(k).or_insert(0u64) += 1;
+        }
+        counts.values().copied().max().unwrap_or(0)
+    };
+    let baseline_keys = Keys::Uniform(10_000);
+    // The unordered baseline before and after the ordered runs: the machine drifts.
+    let mut unordered = Vec::new();
+    let mut rows: Vec<(String, f64)> = Vec::new();
+    let shapes = [
+        Keys::Uniform(1),
+        Keys::Uniform(10),
+        Keys::Uniform(100),
+        Keys::Uniform(10_000),
+        zipf,
+    ];
+    let bench = backlog(url, n, &baseline_keys, args.stats).await?;
+    unordered.push(drain_rate(&bench, n, 1, false).await?);
+    progress(format!("unordered: {:.0} events/s", unordered[0]));
+    for keys in &shapes {
+        let bench = backlog(url, n, keys, args.stats).await?;
+        let rate = drain_rate(&bench, n, 1, true).await?;
+        progress(format!("ordered, {}: {rate:.0} events/s", keys.describe()));
+        rows.push((keys.describe(), rate));
+    }
+    let bench = backlog(url, n, &baseline_keys, args.stats).await?;
+    unordered.push(drain_rate(&bench, n, 1, false).await?);
+    progress(format!("unordered again: {:.0} events/s", unordered[1]));
+    let base = unordered.iter().copied().fold(0.0_f64, f64::max);
+
+    let worst = rows
+        .iter()
+        .map(|(_, r)| r / base)
+        .fold(f64::INFINITY, f64::min);
+    let parts: Vec<String> = rows
+        .iter()
+        .map(|(name, rate)| format!("{name} {rate:.0} ({:.2})", rate / base))
+        .collect();
+    Ok(Report {
+        line: format!(
+            "shapes: ordered drain per key distribution, events/s (ratio to unordered \
+             {base:.0}, best of {:.0} and {:.0}): {}; worst ratio {worst:.2} (target >= 0.8: {}) \
+             [events={n} per backlog, 1 relay, null publisher, {}; zipf hottest key {hottest} events]",
+            unordered[0],
+            unordered[1],
+            parts.join(", "),
+            verdict(worst >= 0.8),
+            args.stats.name(),
+        ),
+        json: json!({
+            "scenario": "shapes", "events": n, "stats": args.stats.name(),
+            "unordered_events_per_s": unordered,
+            "ordered": rows.iter().map(|(name, rate)| json!({
+                "keys": name, "events_per_s": rate, "ratio": rate / base,
+            })).collect::<Vec<_>>(),
+            "zipf_hottest_key_events": hottest,
+            "worst_ratio": worst, "target_met": worst >= 0.8,
+        }),
+    })
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct BacklogArgs {
+    /// Events in the large backlog.
+    #[arg(long, default_value_t = 1_000_000)]
+    large: u64,
+    /// Events in the small backlog.
+    #[arg(long, default_value_t = 10_000)]
+    small: u64,
+    /// Aggregates the events belong to.
+    #[arg(long, default_value_t = 10)]
+    aggregates: u64,
+}
+
+/// Ordered drain rate of a large backlog against a small one: a claim's cost must
+/// not grow with what is pending behind it.
+pub(crate) async fn backlog_size(url: &str, args: &BacklogArgs) -> Result<Report> {
+    let keys = Keys::Uniform(args.aggregates);
+    let bench = backlog(url, args.small, &keys, Stats::Full).await?;
+    let small = drain_rate(&bench, args.small, 1, true).await?;
+    progress(format!("{} events: {small:.0} events/s", args.small));
+    let bench = backlog(url, args.large, &keys, Stats::Full).await?;
+    let large = drain_rate(&bench, args.large, 1, true).await?;
+    progress(format!("{} events: {large:.0} events/s", args.large));
+    let ratio = large / small;
+    Ok(Report {
+        line: format!(
+            "backlog: ordered drain of {} events {large:.0} events/s vs {} events \
+             {small:.0} events/s, ratio {ratio:.2} (target >= 0.9: {}) \
+             [{} aggregates, 1 relay, null publisher, analysed while full]",
+            args.large,
+            args.small,
+            verdict(ratio >= 0.9),
+            args.aggregates
+        ),
+        json: json!({
+            "scenario": "backlog", "aggregates": args.aggregates,
+            "large": args.large, "small": args.small,
+            "large_events_per_s": large, "small_events_per_s": small,
+            "ratio": ratio, "target_met": ratio >= 0.9,
+        }),
+    })
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ScalingArgs {
+    /// Backlog size.
+    #[arg(long, default_value_t = 100_000)]
+    events: u64,
+    /// Aggregates the events belong to.
+    #[arg(long, default_value_t = 2_000)]
+    aggregates: u64,
+    /// Relays of the second drain (the first has one).
+    #[arg(long, default_value_t = 4)]
+    relays: usize,
+}
+
+/// Ordered drain with several relays against one, in each statistics state.
+pub(crate) async fn scaling(url: &str, args: &ScalingArgs) -> Result<Report> {
+    let keys = Keys::Uniform(args.aggregates);
+    let n = args.events;
+    let mut results = Vec::new();
+    for stats in [Stats::Never, Stats::Empty, Stats::Full] {
+        let bench = backlog(url, n, &keys, stats).await?;
+        let one = drain_rate(&bench, n, 1, true).await?;
+        let bench = backlog(url, n, &keys, stats).await?;
+        let many = drain_rate(&bench, n, args.relays, true).await?;
+        progress(format!(
+            "{}: 1 relay {one:.0}, {} relays {many:.0} events/s",
+            stats.name(),
+            args.relays
+        ));
+        results.push((stats, one, many));
+    }
+    let worst = results
+        .iter()
+        .map(|(_, one, many)| many / one)
+        .fold(f64::INFINITY, f64::min);
+    let parts: Vec<String> = results
+        .iter()
+        .map(|(stats, one, many)| {
+            format!(
+                "{}: 1 relay {one:.0}, {} relays {many:.0} ({:.2})",
+                stats.name(),
+                args.relays,
+                many / one
+            )
+        })
+        .collect();
+    Ok(Report {
+        line: format!(
+            "scaling: ordered drain, events/s: {}; worst ratio {worst:.2} (target >= 0.8: {}) \
+             [events={n} over {} aggregates, null publisher]",
+            parts.join("; "),
+            verdict(worst >= 0.8),
+            args.aggregates
+        ),
+        json: json!({
+            "scenario": "scaling", "events": n, "aggregates": args.aggregates,
+            "relays": args.relays,
+            "states": results.iter().map(|(stats, one, many)| json!({
+                "stats": stats.name(), "one_relay_events_per_s": one,
+                "relays_events_per_s": many, "ratio": many / one,
+            })).collect::<Vec<_>>(),
+            "worst_ratio": worst, "target_met": worst >= 0.8,
+        }),
+    })
+}

@@ -253,7 +253,9 @@ impl Sql {
             ),
             // Ordered claim, step 1: walk the pending index in insertion order from
             // the oldest event (at or after $4, see `store::WalkStart`; `front` is
-            // the oldest pending event there, held or not), at most $2 rows, skipping held aggregates; try-lock
+            // the oldest pending event there, held or not: `ORDER BY ... LIMIT 1`,
+            // not `min()`, which a generic plan without statistics computes by
+            // reading the whole index), at most $2 rows, skipping held aggregates; try-lock
             // each row's aggregate (re-entrant: every row of an aggregate this claim
             // locked passes; rows of aggregates other relays hold fail) and keep the
             // first $1 rows that pass, plus the walk's first row whatever its lock
@@ -278,8 +280,8 @@ impl Sql {
                 "(SELECT l.seq, l.id, l.aggregate_type, l.aggregate_id, l.event_type, \
                  r.payload, r.headers, l.destination, l.attempts, l.created_at, \
                  l.available_at, l.due, l.rn, l.locked, false AS held, r.clean, \
-                 (SELECT min(f.seq) FROM {events} f WHERE f.processed_at IS NULL \
-                 AND f.dead_at IS NULL AND f.seq >= $4) AS front \
+                 (SELECT f.seq FROM {events} f WHERE f.processed_at IS NULL \
+                 AND f.dead_at IS NULL AND f.seq >= $4 ORDER BY f.seq LIMIT 1) AS front \
                  FROM (SELECT n.*, {} AS locked \
                  FROM (SELECT w.*, row_number() OVER (ORDER BY w.seq) AS rn \
                  FROM (SELECT e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, \

@@ -341,31 +341,15 @@ pub(crate) async fn run_sql_limit(
         let done = Arc::clone(&done);
         async move {
             let mut conn = PgConnection::connect(url).await?;
-            // Where the walk starts, as the store keeps it (`WalkStart`): the oldest
-            // pending event the last walk saw (the beginning once a second).
-            let mut from = i64::MIN;
-            let mut last_full = Instant::now();
             while done.load(Ordering::Relaxed) < n {
                 let mut tx = sqlx::Connection::begin_with(&mut conn, sql.begin).await?;
                 let rows = if sql.ordered {
-                    if last_full.elapsed() >= Duration::from_secs(1) {
-                        last_full = Instant::now();
-                        from = i64::MIN;
-                    }
                     let walked = sqlx::query(sql.claim_aggregates)
                         .bind(batch)
                         .bind(batch * outbox_postgres::ClaimSql::SCAN_WINDOW)
                         .bind(1_i64)
-                        .bind(from)
                         .fetch_all(&mut *tx)
                         .await?;
-                    if let Some(front) = walked
-                        .iter()
-                        .find(|row| row.try_get::<bool, _>("held").is_ok_and(|held| !held))
-                        .and_then(|row| row.try_get::<Option<i64>, _>("front").ok().flatten())
-                    {
-                        from = front;
-                    }
                     ordered_rows(&mut tx, &sql, walked).await?
                 } else {
                     sqlx::query(sql.claim_unordered)

@@ -19,9 +19,8 @@
 //! the opt-in [`Wakeup::Notify`] needs a direct session for its listener.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_core::{Claim, Decision, Event, Store, StoreError};
@@ -96,7 +95,6 @@ pub struct PgStore {
     outbox: Outbox,
     config: StoreConfig,
     waker: Arc<Waker>,
-    walk_start: Arc<WalkStart>,
 }
 
 impl PgStore {
@@ -109,7 +107,6 @@ impl PgStore {
             outbox,
             config: StoreConfig::default(),
             waker,
-            walk_start: Arc::new(WalkStart::new()),
         }
     }
 
@@ -250,14 +247,8 @@ impl PgStore {
             .bind(limit)
             .bind(scan_window)
             .bind(expired_holds)
-            .bind(self.walk_start.from())
             .fetch_all(&mut **tx)
             .await?;
-        let front = walked
-            .iter()
-            .find(|row| row.try_get::<bool, _>("held").is_ok_and(|held| !held))
-            .and_then(|row| row.try_get::<Option<i64>, _>("front").ok().flatten());
-        self.walk_start.found(front);
         if walked.is_empty() {
             return Ok(Vec::new());
         }
@@ -378,56 +369,6 @@ impl LockedAggregates {
     }
 }
 
-/// Where an ordered claim starts its walk of the pending index.
-///
-/// Published rows leave the pending index only when vacuum removes their entries,
-/// so the index begins with entries of deleted rows: a million after a
-/// million-event drain, more than a claim's real work to step over. The walk starts
-/// instead at the oldest pending event, held or not, that the last walk found at or
-/// after its own start (an index descent skips the dead part). No pending event
-/// lies below that mark, so no run can start behind one of its aggregate's events,
-/// with one exception: an event whose producer took its `seq` early and committed
-/// late. So every [`FULL_WALK_EVERY`] the next walk starts from the beginning: such
-/// an event waits at most that much longer.
-#[derive(Debug)]
-struct WalkStart {
-    /// Lowest `seq` to walk from; `i64::MIN`: the beginning.
-    from: AtomicI64,
-    /// When the last walk from the beginning started.
-    last_full: Mutex<Instant>,
-}
-
-/// How often an ordered claim walks the pending index from its beginning.
-const FULL_WALK_EVERY: Duration = Duration::from_secs(1);
-
-impl WalkStart {
-    fn new() -> Self {
-        Self {
-            from: AtomicI64::new(i64::MIN),
-            last_full: Mutex::new(Instant::now()),
-        }
-    }
-
-    /// The `seq` the next walk starts at.
-    fn from(&self) -> i64 {
-        if let Ok(mut last) = self.last_full.lock() {
-            if last.elapsed() >= FULL_WALK_EVERY {
-                *last = Instant::now();
-                return i64::MIN;
-            }
-        }
-        self.from.load(Ordering::Relaxed)
-    }
-
-    /// The oldest pending event at or after the walk's start, if the walk could
-    /// tell (it returned a row); otherwise the mark stays.
-    fn found(&self, front: Option<i64>) {
-        if let Some(front) = front {
-            self.from.store(front, Ordering::Relaxed);
-        }
-    }
-}
-
 /// Rows of the pending index an ordered claim walks per event it may take: room to
 /// step over the aggregates other relays hold (8 relays with full batches) while
 /// bounding what a claim that finds nothing costs.
@@ -545,7 +486,7 @@ pub struct ClaimSql<'a> {
     pub ordered: bool,
     /// Unordered claim; bind: limit.
     pub claim_unordered: &'a str,
-    /// Ordered claim, step 1; bind: limit, scan window, expired holds, lowest seq.
+    /// Ordered claim, step 1; bind: limit, scan window, expired holds.
     pub claim_aggregates: &'a str,
     /// Ordered claim, step 2; bind: types, ids, from seq, to seq (window aggregates),
     /// types, ids (expired holds).

@@ -555,3 +555,31 @@ async fn a_lifted_hold_keeps_its_aggregate_in_order_behind_later_traffic() {
     assert_eq!(x_order, x_ids, "x in insertion order");
     db.drop_schema().await.unwrap();
 }
+
+/// An event whose transaction took its `seq` before others committed, and
+/// committed after a claim had moved past them, still goes out before its
+/// aggregate's later events.
+#[tokio::test]
+async fn a_late_commit_goes_out_before_its_aggregates_later_events() {
+    let db = TestOutbox::new().await.unwrap();
+    let publisher = Arc::new(RecordingPublisher::new());
+    let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(fast_config());
+    // x's first event: inserted, not committed yet.
+    let mut late = db.pool.begin().await.unwrap();
+    let early_x = db.outbox.enqueue(&mut late, &event("x", 0)).await.unwrap();
+    // Later traffic of another aggregate commits and is published.
+    let y = db.enqueue_committed(&[event("y", 0)]).await.unwrap();
+    relay.run_once().await.unwrap();
+    assert_eq!(publisher.published_ids(), y);
+    // The late commit, then x's next event.
+    late.commit().await.unwrap();
+    let next_x = db.enqueue_committed(&[event("x", 1)]).await.unwrap()[0];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while publisher.published_ids().len() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "x not published");
+        relay.run_once().await.unwrap();
+    }
+    let published = publisher.published_ids();
+    assert_eq!(&published[1..], &[early_x, next_x], "x in insertion order");
+    db.drop_schema().await.unwrap();
+}

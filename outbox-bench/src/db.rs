@@ -348,7 +348,6 @@ pub(crate) async fn run_sql_limit(
                         .bind(batch)
                         .bind(batch * outbox_postgres::ClaimSql::SCAN_WINDOW)
                         .bind(1_i64)
-                        .bind(i64::MIN)
                         .fetch_all(&mut *tx)
                         .await?;
                     ordered_rows(&mut tx, &sql, walked).await?

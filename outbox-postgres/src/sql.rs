@@ -252,9 +252,7 @@ impl Sql {
                  ORDER BY e.seq LIMIT $1 FOR UPDATE SKIP LOCKED"
             ),
             // Ordered claim, step 1: walk the pending index in insertion order from
-            // the oldest event at or after $4 (see `store::WalkStart`; `front`, the
-            // oldest pending event there, held or not, and the snapshot's bounds
-            // let the store move that start), at most $2 rows, skipping held aggregates; try-lock
+            // the oldest event, at most $2 rows, skipping held aggregates; try-lock
             // each row's aggregate (re-entrant: every row of an aggregate this claim
             // locked passes; rows of aggregates other relays hold fail) and keep the
             // first $1 rows that pass, plus the walk's first row whatever its lock
@@ -278,17 +276,13 @@ impl Sql {
             claim_aggregates: format!(
                 "(SELECT l.seq, l.id, l.aggregate_type, l.aggregate_id, l.event_type, \
                  r.payload, r.headers, l.destination, l.attempts, l.created_at, \
-                 l.available_at, l.due, l.rn, l.locked, false AS held, r.clean, \
-                 (SELECT f.seq FROM {events} f WHERE f.processed_at IS NULL \
-                 AND f.dead_at IS NULL AND f.seq >= $4 ORDER BY f.seq LIMIT 1) AS front, \
-                 pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS snapshot_xmin, \
-                 pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS snapshot_xmax \
+                 l.available_at, l.due, l.rn, l.locked, false AS held, r.clean \
                  FROM (SELECT n.*, {} AS locked \
                  FROM (SELECT w.*, row_number() OVER (ORDER BY w.seq) AS rn \
                  FROM (SELECT e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, \
                  e.destination, e.attempts, e.created_at, e.available_at, \
                  e.available_at <= now() AS due, e.ctid AS row_ctid FROM {events} e \
-                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.seq >= $4 AND {} \
+                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND {} \
                  ORDER BY e.seq LIMIT $2) w) n) l \
                  LEFT JOIN LATERAL (SELECT r.payload::text AS payload, r.headers::text AS headers, \
                  r.xmax = 0 AS clean FROM {events} r WHERE r.ctid = l.row_ctid) r ON true \
@@ -296,8 +290,7 @@ impl Sql {
                  UNION ALL \
                  (SELECT NULL::int8, NULL::uuid, x.aggregate_type, x.aggregate_id, NULL::text, \
                  NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \
-                 NULL::timestamptz, NULL::bool, NULL::int8, true, true, NULL::bool, \
-                 NULL::int8, NULL::int8, NULL::int8 \
+                 NULL::timestamptz, NULL::bool, NULL::int8, true, true, NULL::bool \
                  FROM (SELECT aggregate_type, aggregate_id FROM {holds} \
                  WHERE until <= now() ORDER BY until LIMIT $3) x WHERE {})",
                 lock("n"),

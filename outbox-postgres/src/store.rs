@@ -19,7 +19,7 @@
 //! the opt-in [`Wakeup::Notify`] needs a direct session for its listener.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -95,7 +95,6 @@ pub struct PgStore {
     outbox: Outbox,
     config: StoreConfig,
     waker: Arc<Waker>,
-    walk_start: Arc<WalkStart>,
 }
 
 impl PgStore {
@@ -108,7 +107,6 @@ impl PgStore {
             outbox,
             config: StoreConfig::default(),
             waker,
-            walk_start: Arc::default(),
         }
     }
 
@@ -249,19 +247,8 @@ impl PgStore {
             .bind(limit)
             .bind(scan_window)
             .bind(expired_holds)
-            .bind(self.walk_start.from())
             .fetch_all(&mut **tx)
             .await?;
-        if let Some(row) = walked
-            .iter()
-            .find(|row| row.try_get::<bool, _>("held").is_ok_and(|held| !held))
-        {
-            self.walk_start.observed(WalkObservation {
-                front: row.try_get("front")?,
-                snapshot_xmin: row.try_get("snapshot_xmin")?,
-                snapshot_xmax: row.try_get("snapshot_xmax")?,
-            });
-        }
         if walked.is_empty() {
             return Ok(Vec::new());
         }
@@ -382,77 +369,6 @@ impl LockedAggregates {
     }
 }
 
-/// Where an ordered claim starts its walk of the pending index.
-///
-/// Published rows leave the pending index only when vacuum removes their entries,
-/// so the index begins with entries of deleted rows (a million after a
-/// million-event drain with autovacuum off). Starting the walk further on is safe
-/// only below every pending event that is, or may still become, visible: an event
-/// whose producer took its `seq` early and commits late must not be passed, or a
-/// later event of its aggregate would go first. So a walk's `front` (its oldest
-/// pending event, held or not) becomes the start only once PostgreSQL shows that
-/// every transaction running at that walk has ended (a later snapshot's `xmin` is
-/// at least that walk's `xmax`): by then every event numbered below the front is
-/// visible, and any transaction that started inserting later got a higher `seq`
-/// (identity sequences hand numbers out in order). The start is then the lower of
-/// that front and the confirming walk's own front. A long transaction anywhere in
-/// the cluster only keeps the start where it is.
-#[derive(Debug, Default)]
-struct WalkStart {
-    state: Mutex<WalkState>,
-}
-
-#[derive(Debug)]
-struct WalkState {
-    /// Lowest `seq` to walk from.
-    from: i64,
-    /// A front waiting for its snapshot's transactions to end: (front, xmax).
-    candidate: Option<(i64, i64)>,
-}
-
-impl Default for WalkState {
-    fn default() -> Self {
-        Self {
-            from: i64::MIN,
-            candidate: None,
-        }
-    }
-}
-
-/// What one walk saw.
-struct WalkObservation {
-    /// Oldest pending event at or after the walk's start (held or not).
-    front: Option<i64>,
-    snapshot_xmin: Option<i64>,
-    snapshot_xmax: Option<i64>,
-}
-
-impl WalkStart {
-    /// The `seq` the next walk starts at.
-    fn from(&self) -> i64 {
-        self.state.lock().map(|s| s.from).unwrap_or(i64::MIN)
-    }
-
-    fn observed(&self, seen: WalkObservation) {
-        let (Some(xmin), Some(xmax)) = (seen.snapshot_xmin, seen.snapshot_xmax) else {
-            return;
-        };
-        let Ok(mut state) = self.state.lock() else {
-            return;
-        };
-        if let Some((front, candidate_xmax)) = state.candidate {
-            if xmin >= candidate_xmax {
-                let confirmed = seen.front.map_or(front, |f| f.min(front));
-                state.from = state.from.max(confirmed);
-                state.candidate = None;
-            }
-        }
-        if state.candidate.is_none() {
-            state.candidate = seen.front.map(|front| (front, xmax));
-        }
-    }
-}
-
 /// Rows of the pending index an ordered claim walks per event it may take: room to
 /// step over the aggregates other relays hold (8 relays with full batches) while
 /// bounding what a claim that finds nothing costs.
@@ -570,7 +486,7 @@ pub struct ClaimSql<'a> {
     pub ordered: bool,
     /// Unordered claim; bind: limit.
     pub claim_unordered: &'a str,
-    /// Ordered claim, step 1; bind: limit, scan window, expired holds, lowest seq.
+    /// Ordered claim, step 1; bind: limit, scan window, expired holds.
     pub claim_aggregates: &'a str,
     /// Ordered claim, step 2; bind: types, ids, from seq, to seq (window aggregates),
     /// types, ids (expired holds).

@@ -324,8 +324,8 @@ pub(crate) async fn run_relays<P: Publisher + Clone>(
 }
 
 /// The same SQL work as the relay without it: `loops` connections each running
-/// BEGIN; claim (one statement, or the ordered claim's two); record the published
-/// ids; COMMIT, until `n` events are recorded.
+/// BEGIN; claim (one statement, or the store's own ordered claim); record the
+/// published ids; COMMIT, until `n` events are recorded.
 pub(crate) async fn run_sql_limit(
     url: &str,
     store: &PgStore,
@@ -343,24 +343,22 @@ pub(crate) async fn run_sql_limit(
             let mut conn = PgConnection::connect(url).await?;
             while done.load(Ordering::Relaxed) < n {
                 let mut tx = sqlx::Connection::begin_with(&mut conn, sql.begin).await?;
-                let rows = if sql.ordered {
-                    let walked = sqlx::query(sql.claim_aggregates)
-                        .bind(batch)
-                        .bind(batch * outbox_postgres::ClaimSql::SCAN_WINDOW)
-                        .bind(1_i64)
-                        .fetch_all(&mut *tx)
-                        .await?;
-                    ordered_rows(&mut tx, &sql, walked).await?
+                let ids: Vec<Uuid> = if sql.ordered {
+                    store
+                        .claim_ordered_on(&mut tx, batch)
+                        .await?
+                        .iter()
+                        .map(|e| e.id)
+                        .collect()
                 } else {
                     sqlx::query(sql.claim_unordered)
                         .bind(batch)
                         .fetch_all(&mut *tx)
                         .await?
+                        .iter()
+                        .map(|row| row.try_get::<Uuid, _>("id"))
+                        .collect::<Result<_, _>>()?
                 };
-                let ids = rows
-                    .iter()
-                    .map(|row| row.try_get::<Uuid, _>("id"))
-                    .collect::<Result<Vec<_>, _>>()?;
                 if !ids.is_empty() {
                     sqlx::query(sql.record).bind(&ids).execute(&mut *tx).await?;
                 }
@@ -374,51 +372,6 @@ pub(crate) async fn run_sql_limit(
         result?;
     }
     Ok(started.elapsed())
-}
-
-/// The rows an ordered claim takes from what step 1 walked: those rows as they are
-/// when nothing changed them concurrently, else step 2's re-read (as the store does).
-async fn ordered_rows(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    sql: &outbox_postgres::ClaimSql<'_>,
-    walked: Vec<sqlx::postgres::PgRow>,
-) -> Result<Vec<sqlx::postgres::PgRow>> {
-    let mut as_read = true;
-    let mut keys: Vec<(String, String)> = Vec::new();
-    let (mut from, mut to) = (None::<i64>, None::<i64>);
-    let mut locked_rows = Vec::new();
-    for (n, row) in walked.into_iter().enumerate() {
-        if row.try_get::<bool, _>("held")? {
-            continue;
-        }
-        let locked: bool = row.try_get("locked")?;
-        let clean: bool = row.try_get("clean")?;
-        let rn: i64 = row.try_get("rn")?;
-        as_read &= locked && clean && rn == n as i64 + 1;
-        let seq: i64 = row.try_get("seq")?;
-        from = Some(from.map_or(seq, |f| f.min(seq)));
-        if locked {
-            to = Some(to.map_or(seq, |t| t.max(seq)));
-            keys.push((row.try_get("aggregate_type")?, row.try_get("aggregate_id")?));
-            locked_rows.push(row);
-        }
-    }
-    if as_read || keys.is_empty() {
-        return Ok(locked_rows);
-    }
-    keys.sort();
-    keys.dedup();
-    let (types, ids): (Vec<String>, Vec<String>) = keys.into_iter().unzip();
-    let none: Vec<String> = Vec::new();
-    Ok(sqlx::query(sql.claim_runs)
-        .bind(&types)
-        .bind(&ids)
-        .bind(from)
-        .bind(to)
-        .bind(&none)
-        .bind(&none)
-        .fetch_all(&mut **tx)
-        .await?)
 }
 
 /// Whether the store has nothing left to publish.

@@ -16,6 +16,12 @@ struct HotStatement<'a> {
 
 const KEYS: &str = "ARRAY['order'], ARRAY['a1']";
 const UUIDS: &str = "ARRAY['00000000-0000-0000-0000-000000000001'::uuid]";
+/// Ids, errors, delays, dead flags of a failure record (one retry).
+const FAILURE: &str = "ARRAY['00000000-0000-0000-0000-000000000001'::uuid], ARRAY['e'], \
+    ARRAY[1.0::float8], ARRAY[false]";
+/// The same with the event dead-lettered.
+const DEAD_FAILURE: &str = "ARRAY['00000000-0000-0000-0000-000000000001'::uuid], ARRAY['e'], \
+    ARRAY[1.0::float8], ARRAY[true]";
 
 fn hot_path(sql: &Sql) -> Vec<HotStatement<'_>> {
     vec![
@@ -57,17 +63,17 @@ fn hot_path(sql: &Sql) -> Vec<HotStatement<'_>> {
         HotStatement {
             name: "record_failures",
             sql: &sql.record_failures,
-            args: "ARRAY['00000000-0000-0000-0000-000000000001'::uuid], ARRAY['e'], ARRAY[1.0::float8], ARRAY[false]",
+            args: FAILURE,
         },
         HotStatement {
             name: "record_failures_release",
             sql: &sql.record_failures_release,
-            args: "ARRAY['00000000-0000-0000-0000-000000000001'::uuid], ARRAY['e'], ARRAY[1.0::float8], ARRAY[false]",
+            args: FAILURE,
         },
         HotStatement {
             name: "record_failures_block",
             sql: &sql.record_failures_block,
-            args: "ARRAY['00000000-0000-0000-0000-000000000001'::uuid], ARRAY['e'], ARRAY[1.0::float8], ARRAY[true]",
+            args: DEAD_FAILURE,
         },
         HotStatement {
             name: "count_pending",

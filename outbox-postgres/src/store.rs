@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 use outbox_core::{Claim, Decision, Event, Store, StoreError};
 use sqlx::postgres::PgRow;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use crate::enqueue::Outbox;
@@ -188,8 +188,6 @@ impl PgStore {
             begin: self.begin_statement(),
             ordered: self.config.ordering,
             claim_unordered: &sql.claim_unordered,
-            claim_aggregates: &sql.claim_aggregates,
-            claim_runs: &sql.claim_runs,
             record,
         }
     }
@@ -234,20 +232,28 @@ impl PgStore {
         })
     }
 
-    /// The ordered claim: lock aggregates while reading their runs, and read them
-    /// again if something may have changed them meanwhile (see `sql::claim_aggregates`).
-    async fn claim_runs(
+    /// The ordered claim's statements, run in the caller's transaction on `conn`
+    /// (opened with [`ClaimSql::begin`]), for benchmarks that measure the same SQL
+    /// work without the relay. Not a stable API.
+    #[doc(hidden)]
+    pub async fn claim_ordered_on(
         &self,
-        tx: &mut Transaction<'static, Postgres>,
+        conn: &mut PgConnection,
         limit: i64,
     ) -> Result<Vec<Event>> {
+        self.claim_runs(conn, limit).await
+    }
+
+    /// The ordered claim: lock aggregates while reading their runs, and read them
+    /// again if something may have changed them meanwhile (see `sql::claim_aggregates`).
+    async fn claim_runs(&self, tx: &mut PgConnection, limit: i64) -> Result<Vec<Event>> {
         let scan_window = limit.saturating_mul(SCAN_WINDOW);
         let expired_holds = (limit / i64::from(sql::RELEASED_RUN)).max(1);
         let walked = sqlx::query(&self.sql().claim_aggregates)
             .bind(limit)
             .bind(scan_window)
             .bind(expired_holds)
-            .fetch_all(&mut **tx)
+            .fetch_all(&mut *tx)
             .await?;
         if walked.is_empty() {
             return Ok(Vec::new());
@@ -294,7 +300,7 @@ impl PgStore {
                 .bind(window.to_seq)
                 .bind(&released.types)
                 .bind(&released.ids)
-                .fetch_all(&mut **tx)
+                .fetch_all(&mut *tx)
                 .await?;
             for row in &again {
                 rows.push(RunRow::read_again(row)?);
@@ -312,7 +318,7 @@ impl PgStore {
                 .bind(&t)
                 .bind(&i)
                 .bind(&u)
-                .execute(&mut **tx)
+                .execute(&mut *tx)
                 .await?;
         }
         let held_now: HashSet<(&str, &str)> = runs
@@ -331,7 +337,7 @@ impl PgStore {
             sqlx::query(&self.sql().unhold)
                 .bind(&lift_types)
                 .bind(&lift_ids)
-                .execute(&mut **tx)
+                .execute(&mut *tx)
                 .await?;
         }
         let mut events = runs.events;
@@ -482,22 +488,13 @@ impl RunRow {
 pub struct ClaimSql<'a> {
     /// Opens the claim transaction (simple protocol).
     pub begin: &'static str,
-    /// Whether claims are ordered (two statements) or not (one).
+    /// Whether claims are ordered ([`PgStore::claim_ordered_on`]) or not (one
+    /// statement, `claim_unordered`).
     pub ordered: bool,
     /// Unordered claim; bind: limit.
     pub claim_unordered: &'a str,
-    /// Ordered claim, step 1; bind: limit, scan window, expired holds.
-    pub claim_aggregates: &'a str,
-    /// Ordered claim, step 2; bind: types, ids, from seq, to seq (window aggregates),
-    /// types, ids (expired holds).
-    pub claim_runs: &'a str,
     /// Records published events; bind: `uuid[]`.
     pub record: &'a str,
-}
-
-impl ClaimSql<'_> {
-    /// Rows of the pending index an ordered claim walks per event it may take.
-    pub const SCAN_WINDOW: i64 = SCAN_WINDOW;
 }
 
 impl Store for PgStore {

@@ -17,6 +17,7 @@ mod tables;
 #[cfg(feature = "test-utils")]
 pub mod testing;
 mod wakeup;
+mod walk_start;
 
 pub use cleanup::Cleanup;
 pub use dead_letters::{DeadLetter, DeadLetterFilter, DeadLetters};

@@ -1,5 +1,7 @@
 //! Every SQL statement of this crate, rendered once per [`Tables`] from validated names.
 
+use std::borrow::Cow;
+
 use crate::tables::Tables;
 
 /// Columns read into an `outbox_core::Event`, in the order `row::event` decodes them.
@@ -27,6 +29,10 @@ macro_rules! plan_guard {
          SET LOCAL enable_sort = off; SET LOCAL plan_cache_mode = force_generic_plan"
     };
 }
+
+/// Where the ordered probe's walk start goes (a simple-protocol statement takes no
+/// parameters; the value is an `i64`, written as a quoted literal).
+const WALK_START: &str = "{walk_start}";
 
 /// Opens a claim transaction (simple protocol: one round trip).
 pub(crate) const BEGIN: &str = concat!("BEGIN; ", plan_guard!());
@@ -85,6 +91,7 @@ pub(crate) struct Sql {
     pub(crate) claim_unordered: String,
     pub(crate) claim_aggregates: String,
     pub(crate) claim_runs: String,
+    pub(crate) walk_front: String,
     pub(crate) hold: String,
     pub(crate) unhold: String,
     pub(crate) delete_published: String,
@@ -192,7 +199,8 @@ impl Sql {
         // hold that expired. Followers of a held aggregate do not wake the relay.
         let probe_ordered = format!(
             "SELECT EXISTS (SELECT 1 FROM {events} e WHERE e.processed_at IS NULL \
-             AND e.dead_at IS NULL AND e.available_at <= now() AND {}) \
+             AND e.dead_at IS NULL AND e.seq >= '{WALK_START}'::int8 \
+             AND e.available_at <= now() AND {}) \
              OR EXISTS (SELECT 1 FROM {holds} WHERE until <= now())",
             not_held("e")
         );
@@ -252,7 +260,8 @@ impl Sql {
                  ORDER BY e.seq LIMIT $1 FOR UPDATE SKIP LOCKED"
             ),
             // Ordered claim, step 1: walk the pending index in insertion order from
-            // the oldest event, at most $2 rows, skipping held aggregates; try-lock
+            // `seq` $4 (the walk start, see `walk_start.rs`), at most $2 rows,
+            // skipping held aggregates; try-lock
             // each row's aggregate (re-entrant: every row of an aggregate this claim
             // locked passes; rows of aggregates other relays hold fail) and keep the
             // first $1 rows that pass, plus the walk's first row whatever its lock
@@ -282,7 +291,7 @@ impl Sql {
                  FROM (SELECT e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, \
                  e.destination, e.attempts, e.created_at, e.available_at, \
                  e.available_at <= now() AS due, e.ctid AS row_ctid FROM {events} e \
-                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND {} \
+                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.seq >= $4 AND {} \
                  ORDER BY e.seq LIMIT $2) w) n) l \
                  LEFT JOIN LATERAL (SELECT r.payload::text AS payload, r.headers::text AS headers, \
                  r.xmax = 0 AS clean FROM {events} r WHERE r.ctid = l.row_ctid) r ON true \
@@ -328,6 +337,20 @@ impl Sql {
                  FROM {events} e WHERE e.aggregate_type = k.aggregate_type \
                  AND e.aggregate_id = k.aggregate_id AND e.processed_at IS NULL \
                  ORDER BY e.seq LIMIT {RELEASED_RUN}) r"
+            ),
+            // What moves the walk start (`walk_start.rs`): the oldest pending event at
+            // or after $1, held or not due included, as this statement's snapshot
+            // sees it; and every transaction running once that snapshot was taken
+            // (virtual ids, so a producer that took a `seq` before it wrote anything
+            // is there too; prepared transactions by their xid), other than this
+            // claim's own.
+            walk_front: format!(
+                "SELECT (SELECT f.seq FROM {events} f WHERE f.processed_at IS NULL \
+                 AND f.dead_at IS NULL AND f.seq >= $1 ORDER BY f.seq LIMIT 1) AS front, \
+                 ARRAY(SELECT l.virtualxid FROM pg_locks l WHERE l.locktype = 'virtualxid' \
+                 AND l.pid IS DISTINCT FROM pg_backend_pid() \
+                 UNION ALL SELECT 'prepared ' || p.transaction::text FROM pg_prepared_xacts p) \
+                 AS running"
             ),
             // NULL until: a blocking dead letter, looked at again after the recheck.
             hold: format!(
@@ -389,15 +412,21 @@ impl Sql {
                 "SELECT {EVENT_COLUMNS}, last_error, dead_at FROM {events} WHERE {dead} \
                  ORDER BY seq LIMIT $6"
             ),
-            // Both lift the holds of the aggregates they touch, so a blocked aggregate
-            // moves at once (its retried dead letter first: it has the lowest seq).
+            // A retried dead letter goes back into the pending index below where
+            // ordered walks may start now (`walk_start.rs`), so its aggregate gets a
+            // hold that has already expired: the next ordered claim takes the
+            // aggregate up from its oldest event through the aggregate index, the
+            // retried dead letter first (it has the lowest seq), before its followers.
             dead_retry: format!(
                 "WITH r AS (UPDATE {events} SET dead_at = NULL, attempts = 0, available_at = now() \
                  WHERE {dead} RETURNING aggregate_type, aggregate_id), \
-                 u AS (DELETE FROM {holds} h USING r \
-                 WHERE h.aggregate_type = r.aggregate_type AND h.aggregate_id = r.aggregate_id) \
+                 u AS (INSERT INTO {holds} (aggregate_type, aggregate_id, until) \
+                 SELECT DISTINCT aggregate_type, aggregate_id, now() FROM r \
+                 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET until = EXCLUDED.until) \
                  SELECT count(*) FROM r"
             ),
+            // Lifts the holds of the aggregates it touches, so a blocked aggregate
+            // moves at once.
             dead_purge: format!(
                 "WITH r AS (DELETE FROM {events} WHERE {dead} RETURNING aggregate_type, aggregate_id), \
                  u AS (DELETE FROM {holds} h USING r \
@@ -442,12 +471,16 @@ impl Sql {
         }
     }
 
-    /// The wake-up probe for the chosen ordering.
-    pub(crate) fn probe_due(&self, ordering: bool) -> &str {
+    /// The wake-up probe for the chosen ordering; an ordered probe looks at the
+    /// pending index from `walk_start` on, as claims do.
+    pub(crate) fn probe_due(&self, ordering: bool, walk_start: i64) -> Cow<'_, str> {
         if ordering {
-            &self.probe_due_ordered
+            Cow::Owned(
+                self.probe_due_ordered
+                    .replace(WALK_START, &walk_start.to_string()),
+            )
         } else {
-            &self.probe_due_unordered
+            Cow::Borrowed(&self.probe_due_unordered)
         }
     }
 }

@@ -20,7 +20,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use outbox_core::{Claim, Decision, Event, Store, StoreError};
@@ -35,6 +35,7 @@ use crate::row;
 use crate::sql::{self, AfterDeadLetter, Sql};
 use crate::tables::Tables;
 use crate::wakeup::{Waker, Wakeup};
+use crate::walk_start::{Observation, WalkStart};
 
 /// What happens to an event once it is published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -95,6 +96,7 @@ pub struct PgStore {
     outbox: Outbox,
     config: StoreConfig,
     waker: Arc<Waker>,
+    walk_start: Arc<WalkStart>,
 }
 
 impl PgStore {
@@ -107,6 +109,7 @@ impl PgStore {
             outbox,
             config: StoreConfig::default(),
             waker,
+            walk_start: Arc::new(WalkStart::new(Instant::now())),
         }
     }
 
@@ -249,10 +252,15 @@ impl PgStore {
     async fn claim_runs(&self, tx: &mut PgConnection, limit: i64) -> Result<Vec<Event>> {
         let scan_window = limit.saturating_mul(SCAN_WINDOW);
         let expired_holds = (limit / i64::from(sql::RELEASED_RUN)).max(1);
+        let (from, observe) = self.walk_start.plan(Instant::now());
+        if observe {
+            self.observe_front(tx, from).await?;
+        }
         let walked = sqlx::query(&self.sql().claim_aggregates)
             .bind(limit)
             .bind(scan_window)
             .bind(expired_holds)
+            .bind(self.walk_start.from())
             .fetch_all(&mut *tx)
             .await?;
         if walked.is_empty() {
@@ -343,6 +351,32 @@ impl PgStore {
         let mut events = runs.events;
         events.sort_by_key(|e| e.seq);
         Ok(events)
+    }
+}
+
+impl PgStore {
+    /// Look at the front of the pending index and at the running transactions,
+    /// which may move the walk start (see `walk_start.rs`).
+    async fn observe_front(&self, tx: &mut PgConnection, from: i64) -> Result<()> {
+        let started = Instant::now();
+        let row = sqlx::query(&self.sql().walk_front)
+            .bind(from)
+            .fetch_one(&mut *tx)
+            .await?;
+        self.walk_start.observed(Observation {
+            front: row.try_get("front")?,
+            running: row.try_get("running")?,
+            started,
+            completed: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// The `seq` ordered claims start walking the pending index at: below it, every
+    /// event is published or dead-lettered. For tests and benchmarks; not a stable API.
+    #[doc(hidden)]
+    pub fn walk_start(&self) -> i64 {
+        self.walk_start.from()
     }
 }
 
@@ -514,8 +548,10 @@ impl Store for PgStore {
     }
 
     async fn wait_for_events(&self, timeout: Duration) {
-        let probe = self.sql().probe_due(self.config.ordering);
-        self.waker.wait(&self.pool, probe, timeout).await;
+        let probe = self
+            .sql()
+            .probe_due(self.config.ordering, self.walk_start.from());
+        self.waker.wait(&self.pool, &probe, timeout).await;
     }
 }
 

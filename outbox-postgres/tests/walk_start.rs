@@ -1,0 +1,216 @@
+//! Where ordered claims start walking the pending index: past published events
+//! once PostgreSQL shows it safe, never past an event that may still appear.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{event, fast_config};
+use outbox_core::testing::RecordingPublisher;
+use outbox_core::{PublishError, Relay};
+use outbox_postgres::testing::TestOutbox;
+use outbox_postgres::{AfterDeadLetter, DeadLetterFilter, DeadLetters, PgStore, StoreConfig};
+use uuid::Uuid;
+
+fn events_table(db: &TestOutbox) -> String {
+    format!("{}.outbox_events", db.tables.schema().quoted())
+}
+
+async fn seq_of(db: &TestOutbox, id: Uuid) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT seq FROM {} WHERE id = $1",
+        events_table(db)
+    ))
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Traffic on aggregates of its own, published by `relay`, for `rounds` rounds or,
+/// with `until_past`, until the store's walk start is past that `seq` (at most 30 s).
+async fn traffic(
+    db: &TestOutbox,
+    relay: &Relay<PgStore, RecordingPublisher>,
+    store: &PgStore,
+    rounds: usize,
+    until_past: Option<i64>,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    for round in 0.. {
+        if let Some(seq) = until_past {
+            if store.walk_start() > seq {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the walk start stayed at {} (not past {seq})",
+                store.walk_start()
+            );
+        } else if round == rounds {
+            return;
+        }
+        db.enqueue_committed(&[event(&format!("traffic{round}"), 0)])
+            .await
+            .unwrap();
+        relay.run_once().await.unwrap();
+        // Claims observe the front at most every 10 ms.
+        tokio::time::sleep(Duration::from_millis(12)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_walk_start_moves_past_published_events() {
+    let db = TestOutbox::new().await.unwrap();
+    let store = db.store();
+    let relay = Relay::new(store.clone(), RecordingPublisher::new()).with_config(fast_config());
+    let first = db.enqueue_committed(&[event("x", 0)]).await.unwrap()[0];
+    let first_seq = seq_of(&db, first).await;
+    assert_eq!(store.walk_start(), i64::MIN);
+    traffic(&db, &relay, &store, 0, Some(first_seq)).await;
+    assert!(relay.publisher().published_ids().contains(&first));
+    db.drop_schema().await.unwrap();
+}
+
+/// A transaction that has taken a `seq` from the events table's sequence and has no
+/// transaction id. `nextval` gets one when it writes the sequence's WAL record (on
+/// first use, then every 32 values, and first after a checkpoint): a warm-up call
+/// comes first, and a transaction that got an id anyway is tried again.
+async fn seq_without_transaction_id(
+    db: &TestOutbox,
+) -> (sqlx::Transaction<'static, sqlx::Postgres>, i64) {
+    let nextval = "SELECT nextval(pg_get_serial_sequence($1, 'seq'))";
+    for _ in 0..5 {
+        let _: i64 = sqlx::query_scalar(nextval)
+            .bind(events_table(db))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let mut tx = db.pool.begin().await.unwrap();
+        let seq: i64 = sqlx::query_scalar(nextval)
+            .bind(events_table(db))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        let has_xid: bool =
+            sqlx::query_scalar("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+        if !has_xid {
+            return (tx, seq);
+        }
+        tx.rollback().await.unwrap();
+    }
+    panic!("every nextval wrote WAL: no window without a transaction id to test");
+}
+
+/// A producer that has taken its `seq` but has written nothing yet has no
+/// transaction id: only its virtual transaction id shows it is running. The walk
+/// start must not pass its event, or the aggregate's next event would go first.
+#[tokio::test]
+async fn the_walk_start_waits_for_a_producer_that_took_its_seq_before_writing() {
+    let db = TestOutbox::new().await.unwrap();
+    let store = db.store();
+    let relay = Relay::new(store.clone(), RecordingPublisher::new()).with_config(fast_config());
+    let (mut late, late_seq) = seq_without_transaction_id(&db).await;
+
+    // Later events are committed and published while the producer waits.
+    traffic(&db, &relay, &store, 40, None).await;
+    assert!(
+        store.walk_start() <= late_seq,
+        "walk start {} passed the running producer's seq {late_seq}",
+        store.walk_start()
+    );
+
+    // The producer writes its event with the seq it took, and commits; then the
+    // aggregate's next event.
+    let late_id = Uuid::now_v7();
+    sqlx::query(&format!(
+        "INSERT INTO {} (seq, id, aggregate_type, aggregate_id, event_type, payload) \
+         OVERRIDING SYSTEM VALUE VALUES ($1, $2, 'order', 'x', 'order.created', '{{}}')",
+        events_table(&db)
+    ))
+    .bind(late_seq)
+    .bind(late_id)
+    .execute(&mut *late)
+    .await
+    .unwrap();
+    late.commit().await.unwrap();
+    let next = db.enqueue_committed(&[event("x", 1)]).await.unwrap()[0];
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let x_published = || {
+        relay
+            .publisher()
+            .published_ids()
+            .into_iter()
+            .filter(|id| *id == late_id || *id == next)
+            .collect::<Vec<_>>()
+    };
+    while x_published().len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "x not published: {:?}",
+            x_published()
+        );
+        relay.run_once().await.unwrap();
+    }
+    assert_eq!(x_published(), vec![late_id, next], "x in insertion order");
+    db.drop_schema().await.unwrap();
+}
+
+/// A retried dead letter goes back into the pending index below the walk start;
+/// the next claim takes it up all the same, before its aggregate's followers.
+#[tokio::test]
+async fn a_dead_letter_retried_behind_the_walk_start_is_claimed_next_in_order() {
+    for policy in [AfterDeadLetter::Release, AfterDeadLetter::Block] {
+        let db = TestOutbox::new().await.unwrap();
+        let ids = db
+            .enqueue_committed(&[event("x", 0), event("x", 1)])
+            .await
+            .unwrap();
+        let head = ids[0];
+        let head_seq = seq_of(&db, head).await;
+        let store = db.store().with_config(StoreConfig {
+            after_dead_letter: policy,
+            ..StoreConfig::default()
+        });
+        let refuse = Arc::new(AtomicBool::new(true));
+        let refusing = Arc::clone(&refuse);
+        let publisher = RecordingPublisher::failing_when(move |e| {
+            (e.id == head && refusing.load(Ordering::SeqCst))
+                .then(|| PublishError::permanent("unroutable"))
+        });
+        let relay = Relay::new(store.clone(), publisher).with_config(fast_config());
+        relay.run_once().await.unwrap();
+        traffic(&db, &relay, &store, 0, Some(head_seq)).await;
+
+        refuse.store(false, Ordering::SeqCst);
+        let dead_letters = DeadLetters::new(db.pool.clone(), &db.outbox);
+        assert_eq!(
+            dead_letters
+                .retry(&DeadLetterFilter::id(head))
+                .await
+                .unwrap(),
+            1
+        );
+        relay.run_once().await.unwrap();
+        let x: Vec<Uuid> = relay
+            .publisher()
+            .published_ids()
+            .into_iter()
+            .filter(|id| ids.contains(id))
+            .collect();
+        match policy {
+            // The follower went out when its head was dead-lettered.
+            AfterDeadLetter::Release => assert_eq!(x, vec![ids[1], head]),
+            AfterDeadLetter::Block => assert_eq!(x, ids, "head, then its follower"),
+        }
+        db.drop_schema().await.unwrap();
+    }
+}

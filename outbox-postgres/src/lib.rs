@@ -25,7 +25,7 @@ pub use enqueue::{enqueue, Outbox};
 pub use error::{Error, Result};
 pub use ident::Ident;
 pub use inbox::{Inbox, InboxError, Processed};
-pub use migrate::migrate;
+pub use migrate::{migrate, unapplied_migrations};
 pub use sql::AfterDeadLetter;
 pub use stats::OutboxStats;
 pub use store::{ClaimSql, PgClaim, PgStore, Retention, StoreConfig};

@@ -32,6 +32,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "holds",
         template: include_str!("../../migrations/0003_holds.sql"),
     },
+    Migration {
+        version: 4,
+        name: "probe_function",
+        template: include_str!("../../migrations/0004_probe_function.sql"),
+    },
 ];
 
 /// Create the outbox objects named by `tables` (schema, events table, indexes,
@@ -74,6 +79,34 @@ pub async fn migrate(pool: &PgPool, tables: &Tables) -> Result<()> {
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// The migrations of this crate not applied yet to the outbox named by `tables`,
+/// as `(version, name)`: all of them if it was never migrated. A relay started on
+/// an outbox with some missing would fail on the first statement that needs them.
+pub async fn unapplied_migrations(
+    pool: &PgPool,
+    tables: &Tables,
+) -> Result<Vec<(i32, &'static str)>> {
+    let sql = Sql::new(tables);
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&sql.migrations_name)
+        .fetch_one(pool)
+        .await?;
+    let applied: HashSet<i32> = if exists {
+        sqlx::query_scalar(&sql.applied_versions)
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .collect()
+    } else {
+        HashSet::new()
+    };
+    Ok(MIGRATIONS
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .map(|m| (m.version, m.name))
+        .collect())
 }
 
 fn render(template: &str, names: &[(&'static str, String)]) -> String {

@@ -1,8 +1,6 @@
 //! The query plans of the relay's hot path, as PostgreSQL would run them under a
 //! cached generic plan: what `tests/plans.rs` checks in every statistics state.
 
-use std::borrow::Cow;
-
 use sqlx::Row;
 
 use crate::error::Result;
@@ -12,7 +10,7 @@ use crate::testing::TestOutbox;
 /// One hot-path statement and arguments to run it with (SQL literals).
 struct HotStatement<'a> {
     name: &'static str,
-    sql: Cow<'a, str>,
+    sql: &'a str,
     args: &'static str,
 }
 
@@ -29,73 +27,73 @@ fn hot_path(sql: &Sql) -> Vec<HotStatement<'_>> {
     vec![
         HotStatement {
             name: "claim_unordered",
-            sql: Cow::Borrowed(&sql.claim_unordered),
+            sql: &sql.claim_unordered,
             args: "200",
         },
         HotStatement {
             name: "claim_aggregates",
-            sql: Cow::Borrowed(&sql.claim_aggregates),
+            sql: &sql.claim_aggregates,
             args: "200, 1600, 12, 1",
         },
         HotStatement {
             name: "claim_runs",
-            sql: Cow::Borrowed(&sql.claim_runs),
+            sql: &sql.claim_runs,
             args: "ARRAY['order'], ARRAY['a1'], 1, 1000, ARRAY['order'], ARRAY['a2']",
         },
         HotStatement {
             name: "walk_front",
-            sql: Cow::Borrowed(&sql.walk_front),
+            sql: &sql.walk_front,
             args: "1",
         },
         HotStatement {
             name: "hold",
-            sql: Cow::Borrowed(&sql.hold),
+            sql: &sql.hold,
             args: "ARRAY['order'], ARRAY['a1'], ARRAY[now()]",
         },
         HotStatement {
             name: "unhold",
-            sql: Cow::Borrowed(&sql.unhold),
+            sql: &sql.unhold,
             args: KEYS,
         },
         HotStatement {
             name: "delete_published",
-            sql: Cow::Borrowed(&sql.delete_published),
+            sql: &sql.delete_published,
             args: UUIDS,
         },
         HotStatement {
             name: "mark_published",
-            sql: Cow::Borrowed(&sql.mark_published),
+            sql: &sql.mark_published,
             args: UUIDS,
         },
         HotStatement {
             name: "record_failures",
-            sql: Cow::Borrowed(&sql.record_failures),
+            sql: &sql.record_failures,
             args: FAILURE,
         },
         HotStatement {
             name: "record_failures_release",
-            sql: Cow::Borrowed(&sql.record_failures_release),
+            sql: &sql.record_failures_release,
             args: FAILURE,
         },
         HotStatement {
             name: "record_failures_block",
-            sql: Cow::Borrowed(&sql.record_failures_block),
+            sql: &sql.record_failures_block,
             args: DEAD_FAILURE,
         },
         HotStatement {
             name: "count_pending",
-            sql: Cow::Borrowed(sql::unguarded(&sql.count_pending)),
+            sql: sql::unguarded(&sql.count_pending),
             args: "",
         },
         HotStatement {
-            name: "probe_due_unordered",
-            sql: Cow::Borrowed(sql::unguarded(&sql.probe_due_unordered)),
+            name: "probe_due_unordered (in the probe function)",
+            sql: &sql.probe_due_unordered_query,
             args: "",
         },
         HotStatement {
-            name: "probe_due_ordered",
-            sql: Cow::Owned(sql::unguarded(&sql.probe_due(true, i64::MIN)).to_owned()),
-            args: "",
+            name: "probe_due_ordered (in the probe function)",
+            sql: &sql.probe_due_ordered_query,
+            args: "1",
         },
     ]
 }

@@ -1,7 +1,5 @@
 //! Every SQL statement of this crate, rendered once per [`Tables`] from validated names.
 
-use std::borrow::Cow;
-
 use crate::tables::Tables;
 
 /// Columns read into an `outbox_core::Event`, in the order `row::event` decodes them.
@@ -29,10 +27,6 @@ macro_rules! plan_guard {
          SET LOCAL enable_sort = off; SET LOCAL plan_cache_mode = force_generic_plan"
     };
 }
-
-/// Where the ordered probe's walk start goes (a simple-protocol statement takes no
-/// parameters; the value is an `i64`, written as a quoted literal).
-const WALK_START: &str = "{walk_start}";
 
 /// Opens a claim transaction (simple protocol: one round trip).
 pub(crate) const BEGIN: &str = concat!("BEGIN; ", plan_guard!());
@@ -81,6 +75,8 @@ pub(crate) struct Sql {
     pub(crate) create_schema: String,
     pub(crate) migrations_table: String,
     pub(crate) applied_versions: String,
+    /// The migrations table, qualified (to look it up by name).
+    pub(crate) migrations_name: String,
     pub(crate) record_version: String,
     pub(crate) migration_lock_key: String,
     pub(crate) template_names: Vec<(&'static str, String)>,
@@ -101,8 +97,15 @@ pub(crate) struct Sql {
     pub(crate) record_failures_block: String,
     /// Simple-protocol statements (plan guard included): run with `sqlx::raw_sql`.
     pub(crate) count_pending: String,
-    pub(crate) probe_due_unordered: String,
-    pub(crate) probe_due_ordered: String,
+    /// The wake-up probe: a call of the probe function (migration 4); bind:
+    /// ordered, walk start.
+    pub(crate) probe_due: String,
+    /// The queries inside the probe function, with their arguments as `$1`
+    /// (ordered: the walk start): what the plan test explains.
+    #[cfg_attr(not(feature = "test-utils"), allow(dead_code))]
+    pub(crate) probe_due_ordered_query: String,
+    #[cfg_attr(not(feature = "test-utils"), allow(dead_code))]
+    pub(crate) probe_due_unordered_query: String,
     pub(crate) stats: String,
     pub(crate) count_due: String,
     pub(crate) count_due_unlocked: String,
@@ -197,12 +200,22 @@ impl Sql {
         };
         // Filters of the ordered probe: a due event of an aggregate not held, or a
         // hold that expired. Followers of a held aggregate do not wake the relay.
-        let probe_ordered = format!(
-            "SELECT EXISTS (SELECT 1 FROM {events} e WHERE e.processed_at IS NULL \
-             AND e.dead_at IS NULL AND e.seq >= '{WALK_START}'::int8 \
-             AND e.available_at <= now() AND {}) \
-             OR EXISTS (SELECT 1 FROM {holds} WHERE until <= now())",
-            not_held("e")
+        let probe_ordered = |walk_start: &str| {
+            format!(
+                "SELECT EXISTS (SELECT 1 FROM {events} e WHERE e.processed_at IS NULL \
+                 AND e.dead_at IS NULL AND e.seq >= {walk_start} \
+                 AND e.available_at <= now() AND {}) \
+                 OR EXISTS (SELECT 1 FROM {holds} WHERE until <= now())",
+                not_held("e")
+            )
+        };
+        let probe_unordered = format!(
+            "SELECT EXISTS (SELECT 1 FROM {events} WHERE {pending} AND available_at <= now())"
+        );
+        let probe_function = format!(
+            "{}.{}",
+            tables.schema().quoted(),
+            tables.derived(tables.events(), "probe_due")
         );
         // Filters shared by the dead-letter statements; NULL parameters match everything.
         let dead = "dead_at IS NOT NULL AND processed_at IS NULL \
@@ -218,6 +231,7 @@ impl Sql {
                  name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
             ),
             applied_versions: format!("SELECT version FROM {migrations}"),
+            migrations_name: migrations.clone(),
             record_version: format!("INSERT INTO {migrations} (version, name) VALUES ($1, $2)"),
             migration_lock_key: format!("outbox.migrate:{events}"),
             template_names: vec![
@@ -236,6 +250,9 @@ impl Sql {
                 ("holds_pkey", tables.derived(tables.events(), "holds_pkey")),
                 ("holds_until_idx", tables.derived(tables.events(), "holds_until_idx")),
                 ("notify_channel", format!("'{notify_channel}'")),
+                ("probe_function", probe_function.clone()),
+                ("probe_due_ordered_query", probe_ordered("walk_start")),
+                ("probe_due_unordered_query", probe_unordered.clone()),
             ],
 
             enqueue_one: format!(
@@ -374,10 +391,9 @@ impl Sql {
             )),
             record_failures: failures,
             count_pending: format!("{GUARDED}SELECT count(*) FROM {events} WHERE {pending}"),
-            probe_due_unordered: format!(
-                "{GUARDED}SELECT EXISTS (SELECT 1 FROM {events} WHERE {pending} AND available_at <= now())"
-            ),
-            probe_due_ordered: format!("{GUARDED}{probe_ordered}"),
+            probe_due: format!("SELECT {probe_function}($1, $2)"),
+            probe_due_ordered_query: probe_ordered("$1"),
+            probe_due_unordered_query: probe_unordered.clone(),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE {pending}), \
                  count(*) FILTER (WHERE {pending} AND available_at > now()), \
@@ -468,19 +484,6 @@ impl Sql {
             (false, _) => &self.record_failures,
             (true, AfterDeadLetter::Release) => &self.record_failures_release,
             (true, AfterDeadLetter::Block) => &self.record_failures_block,
-        }
-    }
-
-    /// The wake-up probe for the chosen ordering; an ordered probe looks at the
-    /// pending index from `walk_start` on, as claims do.
-    pub(crate) fn probe_due(&self, ordering: bool, walk_start: i64) -> Cow<'_, str> {
-        if ordering {
-            Cow::Owned(
-                self.probe_due_ordered
-                    .replace(WALK_START, &walk_start.to_string()),
-            )
-        } else {
-            Cow::Borrowed(&self.probe_due_unordered)
         }
     }
 }

@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::row;
 use crate::sql::{self, AfterDeadLetter, Sql};
 use crate::tables::Tables;
-use crate::wakeup::{Waker, Wakeup};
+use crate::wakeup::{Probe, Waker, Wakeup};
 use crate::walk_start::{Observation, WalkStart};
 
 /// What happens to an event once it is published.
@@ -548,10 +548,12 @@ impl Store for PgStore {
     }
 
     async fn wait_for_events(&self, timeout: Duration) {
-        let probe = self
-            .sql()
-            .probe_due(self.config.ordering, self.walk_start.from());
-        self.waker.wait(&self.pool, &probe, timeout).await;
+        let probe = Probe {
+            sql: &self.sql().probe_due,
+            ordered: self.config.ordering,
+            walk_start: self.walk_start.from(),
+        };
+        self.waker.wait(&self.pool, probe, timeout).await;
     }
 }
 

@@ -19,7 +19,7 @@
 //!   proxy (PgBouncer `pool_mode = transaction`). The claim and record path stays
 //!   pooler-safe in every mode.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -106,6 +106,16 @@ pub async fn remove_notify_trigger(pool: &PgPool, tables: &Tables) -> Result<()>
     Ok(())
 }
 
+/// The question an adaptive wait asks PostgreSQL: the probe function's call
+/// (`Sql::probe_due`) and its arguments.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Probe<'a> {
+    pub(crate) sql: &'a str,
+    pub(crate) ordered: bool,
+    /// Where ordered claims start their walk (`walk_start.rs`).
+    pub(crate) walk_start: i64,
+}
+
 /// The wake-up state shared by the clones of one store.
 #[derive(Debug)]
 pub(crate) struct Waker {
@@ -117,6 +127,8 @@ pub(crate) struct Waker {
     /// Claims in a row that found nothing although the probe had seen due events:
     /// other relays hold those events' aggregates.
     contended: AtomicU32,
+    /// The last probe failed (logged once until one succeeds).
+    probe_failing: AtomicBool,
     epoch: Instant,
     /// Notify mode: the listening task, started on first wait.
     listener: Mutex<Option<Listening>>,
@@ -145,6 +157,7 @@ impl Waker {
             last_found: AtomicU64::new(0),
             backoff_steps: AtomicU32::new(0),
             contended: AtomicU32::new(0),
+            probe_failing: AtomicBool::new(false),
             epoch: Instant::now(),
             listener: Mutex::new(None),
             received: Arc::new(AtomicU64::new(0)),
@@ -174,9 +187,8 @@ impl Waker {
         }
     }
 
-    /// Wait for due events; `probe` is the simple-protocol statement answering
-    /// whether there are any (one boolean).
-    pub(crate) async fn wait(&self, pool: &PgPool, probe: &str, timeout: Duration) {
+    /// Wait for due events; `probe` answers whether there are any.
+    pub(crate) async fn wait(&self, pool: &PgPool, probe: Probe<'_>, timeout: Duration) {
         match &self.mode {
             Wakeup::FixedPoll => tokio::time::sleep(timeout).await,
             Wakeup::AdaptivePoll { fast, linger } => {
@@ -193,7 +205,7 @@ impl Waker {
     async fn wait_adaptive(
         &self,
         pool: &PgPool,
-        probe: &str,
+        probe: Probe<'_>,
         fast: Duration,
         linger: Duration,
         timeout: Duration,
@@ -215,18 +227,28 @@ impl Waker {
             if interval >= left {
                 return;
             }
-            let due = sqlx::raw_sql(probe)
+            let due = sqlx::query_scalar::<_, bool>(probe.sql)
+                .bind(probe.ordered)
+                .bind(probe.walk_start)
                 .fetch_one(pool)
-                .await
-                .and_then(|row| sqlx::Row::try_get::<bool, _>(&row, 0));
+                .await;
+            if due.is_ok() {
+                self.probe_failing.store(false, Ordering::Relaxed);
+            }
             match due {
                 Ok(false) => {}
                 Ok(true) => {
                     self.contended.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                // An error the claim will report.
-                Err(_) => return,
+                // The claim reports errors of the database; one of the probe
+                // alone (its function missing) would go unseen.
+                Err(e) => {
+                    if !self.probe_failing.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "the wake-up probe failed; claiming instead");
+                    }
+                    return;
+                }
             }
         }
     }

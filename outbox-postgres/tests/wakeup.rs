@@ -49,18 +49,28 @@ async fn adaptive_polling_is_the_default_and_wakes_on_a_commit() {
     db.drop_schema().await.unwrap();
 }
 
+/// Also proves the probe itself works: a probe that fails ends the wait at once
+/// (the claim after it reports the error).
 #[tokio::test]
 async fn adaptive_polling_does_not_wake_for_events_not_due_yet() {
-    let db = TestOutbox::new().await.unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    let later = event("w", 0).not_before(chrono::Utc::now() + chrono::Duration::hours(1));
-    db.outbox.enqueue(&mut tx, &later).await.unwrap();
-    tx.commit().await.unwrap();
-    let store = db.store();
-    let waited =
-        tokio::time::timeout(Duration::from_millis(500), store.wait_for_events(FOREVER)).await;
-    assert!(waited.is_err(), "woke up with nothing due");
-    db.drop_schema().await.unwrap();
+    for ordering in [true, false] {
+        let db = TestOutbox::new().await.unwrap();
+        let mut tx = db.pool.begin().await.unwrap();
+        let later = event("w", 0).not_before(chrono::Utc::now() + chrono::Duration::hours(1));
+        db.outbox.enqueue(&mut tx, &later).await.unwrap();
+        tx.commit().await.unwrap();
+        let store = db.store().with_config(outbox_postgres::StoreConfig {
+            ordering,
+            ..Default::default()
+        });
+        let waited =
+            tokio::time::timeout(Duration::from_millis(500), store.wait_for_events(FOREVER)).await;
+        assert!(
+            waited.is_err(),
+            "woke up with nothing due (ordering {ordering})"
+        );
+        db.drop_schema().await.unwrap();
+    }
 }
 
 #[tokio::test]

@@ -73,5 +73,18 @@ pub(crate) async fn ensure_migrated(pool: &PgPool, tables: &Tables) -> Result<()
             "the outbox table {name} does not exist: run `outbox migrate` with the same configuration first"
         )));
     }
+    let missing = outbox_postgres::unapplied_migrations(pool, tables)
+        .await
+        .map_err(|e| Failure::runtime(format!("checking the migrations of {name}: {e}")))?;
+    if !missing.is_empty() {
+        let list: Vec<String> = missing
+            .iter()
+            .map(|(version, name)| format!("{version} ({name})"))
+            .collect();
+        return Err(Failure::runtime(format!(
+            "the outbox {name} lacks migration(s) {}: run `outbox migrate` with the same configuration (this version of the relay needs them)",
+            list.join(", ")
+        )));
+    }
     Ok(())
 }

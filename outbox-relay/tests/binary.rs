@@ -604,6 +604,39 @@ fn bad_configuration_is_one_clear_line() {
     fails_with(&missing, &["migrate"], &[], "cannot read config file");
 }
 
+/// A relay newer than the outbox's schema says which migration is missing, and
+/// `outbox migrate` brings the schema up to date.
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_on_an_outbox_missing_a_migration_says_which() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let schema = outbox.tables.schema();
+    // As if the outbox had been migrated by the previous version.
+    sqlx::raw_sql(&format!(
+        "DROP FUNCTION {}.outbox_events_probe_due; \
+         DELETE FROM {}.outbox_events_migrations WHERE version = 4",
+        schema.quoted(),
+        schema.quoted()
+    ))
+    .execute(&outbox.pool)
+    .await
+    .unwrap();
+    let config = Config::for_schema(schema.as_str(), "0");
+    fails_with(
+        &config.path,
+        &["relay"],
+        &[],
+        "lacks migration(s) 4 (probe_function): run `outbox migrate`",
+    );
+    ok(&config.path, &["migrate"]);
+    assert!(
+        outbox_postgres::unapplied_migrations(&outbox.pool, &outbox.tables)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    outbox.drop_schema().await.unwrap();
+}
+
 /// The relay against the real NATS JetStream (`OUTBOX_NATS_URL`, default 127.0.0.1:4222).
 #[cfg(feature = "nats")]
 #[tokio::test(flavor = "multi_thread")]

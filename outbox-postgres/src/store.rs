@@ -274,10 +274,8 @@ impl PgStore {
         let mut as_read = true;
         let mut expected_rn = 1_i64;
         for row in &walked {
-            let aggregate_type: String = row.try_get("aggregate_type")?;
-            let aggregate_id: String = row.try_get("aggregate_id")?;
             if row.try_get::<bool, _>("held")? {
-                released.push(aggregate_type, aggregate_id);
+                released.push(row.try_get("aggregate_type")?, row.try_get("aggregate_id")?);
                 continue;
             }
             let rn: i64 = row.try_get("rn")?;
@@ -291,13 +289,15 @@ impl PgStore {
                 continue;
             }
             window.to_seq = Some(window.to_seq.map_or(seq, |t| t.max(seq)));
-            window.push(aggregate_type, aggregate_id);
             rows.push(RunRow::walked(row)?);
         }
-        if !as_read {
-            rows.clear();
-        } else {
+        if as_read {
             window = LockedAggregates::default();
+        } else {
+            // Read the locked aggregates again instead.
+            for row in rows.drain(..) {
+                window.push(row.event.aggregate_type, row.event.aggregate_id);
+            }
         }
         if !window.types.is_empty() || !released.types.is_empty() {
             window.dedup();
@@ -446,12 +446,14 @@ impl Runs {
         let mut taken = 0usize;
         let mut stopped = false;
         for row in rows {
-            let key = (
-                row.event.aggregate_type.clone(),
-                row.event.aggregate_id.clone(),
-            );
-            if current.as_ref() != Some(&key) {
-                current = Some(key.clone());
+            let same = current.as_ref().is_some_and(|(t, i)| {
+                *t == row.event.aggregate_type && *i == row.event.aggregate_id
+            });
+            if !same {
+                current = Some((
+                    row.event.aggregate_type.clone(),
+                    row.event.aggregate_id.clone(),
+                ));
                 taken = 0;
                 stopped = false;
             }
@@ -472,6 +474,7 @@ impl Runs {
                 Some(until) => {
                     stopped = true;
                     if taken == 0 {
+                        let key = (row.event.aggregate_type, row.event.aggregate_id);
                         holds.push(Hold { key, until });
                     }
                 }

@@ -58,8 +58,8 @@ async fn traffic(
             .await
             .unwrap();
         relay.run_once().await.unwrap();
-        // Claims observe the front at most every 10 ms.
-        tokio::time::sleep(Duration::from_millis(12)).await;
+        // Claims observe the front at most every 25 ms.
+        tokio::time::sleep(Duration::from_millis(26)).await;
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod conformance;
 pub mod envelope;
 pub mod event;
+mod liveness;
 pub mod local;
 pub mod publisher;
 pub mod relay;
@@ -19,6 +20,7 @@ pub mod testing;
 mod waves;
 
 pub use event::{Event, EventError, Headers, NewEvent, TRACEPARENT};
+pub use liveness::Liveness;
 pub use local::{ChannelPublisher, NullPublisher, StdoutPublisher};
 pub use publisher::{FailureKind, Outcome, PublishError, Publisher};
 pub use relay::{BatchReport, Relay, RelayConfig, RelayStats, RelayStatsSnapshot};

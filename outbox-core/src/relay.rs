@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::event::Event;
+use crate::liveness::Liveness;
 use crate::publisher::{FailureKind, Outcome, Publisher};
 use crate::retry::RetryPolicy;
 use crate::store::{Claim, Decision, Store, StoreError};
@@ -130,6 +131,7 @@ pub struct Relay<S, P> {
     publisher: P,
     config: RelayConfig,
     stats: Arc<RelayStats>,
+    liveness: Arc<Liveness>,
 }
 
 impl<S: Store, P: Publisher> Relay<S, P> {
@@ -140,6 +142,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             publisher,
             config: RelayConfig::default(),
             stats: Arc::default(),
+            liveness: Arc::default(),
         }
     }
 
@@ -158,6 +161,12 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// Counters of what this relay did; the handle stays valid while the relay runs.
     pub fn stats(&self) -> Arc<RelayStats> {
         Arc::clone(&self.stats)
+    }
+
+    /// When each claim loop last finished a cycle, for a liveness probe; the handle
+    /// stays valid while the relay runs.
+    pub fn liveness(&self) -> Arc<Liveness> {
+        Arc::clone(&self.liveness)
     }
 
     /// The store.
@@ -184,26 +193,35 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             tracing::info!("outbox relay: shutdown requested; finishing batches in flight");
             stop.trigger();
         };
-        let workers = futures_util::future::join_all(
-            (0..self.config.workers.max(1)).map(|_| self.work(&stop)),
-        );
+        let loops = self.config.workers.max(1);
+        self.liveness.started(loops, Instant::now());
+        let workers =
+            futures_util::future::join_all((0..loops).map(|worker| self.work(worker, &stop)));
         tokio::join!(watch, workers, self.refresh_pending(&stop));
+        self.liveness.stopped();
         tracing::info!("outbox relay: stopped");
     }
 
-    async fn work(&self, stop: &Stop) {
+    async fn work(&self, worker: usize, stop: &Stop) {
         while !stop.is_triggered() {
-            match self.run_once().await {
-                // Something was there: more may be, claim again at once.
-                Ok(report) if report.claimed > 0 => {}
-                Ok(_) => {
-                    stop.or(self.store.wait_for_events(self.config.poll_interval))
-                        .await;
-                }
-                Err(error) => {
-                    tracing::error!(%error, "outbox relay: store error; retrying");
-                    stop.or(tokio::time::sleep(self.config.error_backoff)).await;
-                }
+            self.cycle(stop).await;
+            self.liveness.finished_cycle(worker, Instant::now());
+        }
+    }
+
+    /// One claim and what follows it: publishing and recording, the wait for new
+    /// events, or the pause after a store error.
+    async fn cycle(&self, stop: &Stop) {
+        match self.run_once().await {
+            // Something was there: more may be, claim again at once.
+            Ok(report) if report.claimed > 0 => {}
+            Ok(_) => {
+                stop.or(self.store.wait_for_events(self.config.poll_interval))
+                    .await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "outbox relay: store error; retrying");
+                stop.or(tokio::time::sleep(self.config.error_backoff)).await;
             }
         }
     }

@@ -343,3 +343,83 @@ async fn a_run_cut_by_the_publish_timeout_is_held_back_not_failed() {
     assert_eq!(store.attempts(ids[2]).unwrap().0, 0);
     assert_eq!(store.attempts(ids[3]).unwrap().0, 0);
 }
+
+/// A claim loop whose publish never returns stops finishing cycles; a loop that
+/// only waits for events keeps finishing them; a stopped relay has no answer.
+#[tokio::test]
+async fn liveness_tells_a_stuck_claim_loop_from_an_idle_one() {
+    struct Hang;
+    impl outbox_core::Publisher for Hang {
+        async fn publish(&self, _: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+            std::future::pending().await
+        }
+    }
+    let now = std::time::Instant::now;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    // Idle: nothing to claim, a 5 ms poll interval.
+    let idle = Relay::new(MemoryStore::new(), RecordingPublisher::new()).with_config(config(10));
+    let idle_liveness = idle.liveness();
+    let idle_stats = idle.stats();
+    assert_eq!(idle_liveness.stalled_for(now()), None, "not running yet");
+    let idle_run = idle.run(until_stopped(stopped.clone()));
+
+    // Stuck: the publish of its first batch never returns (no publish timeout to speak of).
+    let store = MemoryStore::new();
+    store.enqueue(event("a", 0)).unwrap();
+    let mut cfg = config(10);
+    cfg.publish_timeout = Duration::from_secs(3600);
+    let stuck = Relay::new(store, Hang).with_config(cfg);
+    let stuck_liveness = stuck.liveness();
+    let stuck_stats = stuck.stats();
+    let stuck_run = stuck.run(until_stopped(stopped.clone()));
+
+    let check = async {
+        // Wait (bounded) until the stuck loop has gone 300 ms without a cycle.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if stuck_liveness
+                .stalled_for(now())
+                .is_some_and(|d| d >= Duration::from_millis(300))
+            {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never seen stuck");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            stuck_stats.snapshot().batches,
+            1,
+            "stuck in its first batch"
+        );
+        // The idle loop finished a cycle after `mark` (a claim starts only after the
+        // previous cycle finished): it has not been stalled since before `mark`,
+        // although it has run for longer.
+        let mark = now();
+        let claims = idle_stats.snapshot().claims;
+        while idle_stats.snapshot().claims < claims + 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the idle loop stopped claiming"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let at = now();
+        let idle_for = idle_liveness.stalled_for(at).unwrap();
+        assert!(
+            idle_for <= at - mark,
+            "idle loop stalled for {idle_for:?}, more than the {:?} since a cycle ended",
+            at - mark
+        );
+        stop.send(true).unwrap();
+    };
+    // The stuck relay's batch never finishes; its run is dropped after the check.
+    tokio::select! {
+        _ = async { tokio::join!(check, idle_run) } => {}
+        () = stuck_run => panic!("the stuck relay returned"),
+    }
+    assert_eq!(idle_liveness.stalled_for(now()), None, "stopped");
+}

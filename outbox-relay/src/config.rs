@@ -227,6 +227,9 @@ pub(crate) struct HttpSection {
     pub(crate) listen: String,
     pub(crate) stats_refresh: Dur,
     pub(crate) check_timeout: Dur,
+    /// `/healthz` fails once a claim loop has not finished a cycle for this long.
+    /// Default: `relay.publish_timeout + relay.poll_interval + 60s`.
+    pub(crate) stuck_after: Option<Dur>,
 }
 
 impl Default for HttpSection {
@@ -235,6 +238,7 @@ impl Default for HttpSection {
             listen: "127.0.0.1:9187".into(),
             stats_refresh: Dur::secs(15),
             check_timeout: Dur::secs(2),
+            stuck_after: None,
         }
     }
 }
@@ -354,6 +358,7 @@ pub(crate) struct Settings {
     pub(crate) listen: Option<SocketAddr>,
     pub(crate) stats_refresh: Duration,
     pub(crate) check_timeout: Duration,
+    pub(crate) stuck_after: Duration,
     pub(crate) broker: BrokerSection,
     pub(crate) routing: RoutingSection,
 }
@@ -427,6 +432,7 @@ pub(crate) const ENV_VARS: &[(&str, &str)] = &[
     ("OUTBOX_MAX_ATTEMPTS", "retry.max_attempts"),
     ("OUTBOX_RETENTION", "retention.published"),
     ("OUTBOX_HTTP_LISTEN", "http.listen"),
+    ("OUTBOX_HTTP_STUCK_AFTER", "http.stuck_after"),
 ];
 
 /// Apply every `OUTBOX_*` override that is set and not empty.
@@ -485,6 +491,7 @@ pub(crate) fn apply_env(
                 file.retention.published = PublishedRetention::parse(&value).map_err(&bad)?;
             }
             "OUTBOX_HTTP_LISTEN" => file.http.listen = value.trim().to_string(),
+            "OUTBOX_HTTP_STUCK_AFTER" => file.http.stuck_after = Some(duration(&value)?),
             _ => {}
         }
     }
@@ -549,6 +556,21 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
             )));
         }
     }
+
+    // The longest normal cycle: a batch's publish, then an empty claim's wait; the
+    // database's part of a cycle takes milliseconds, the margin covers it.
+    let longest_cycle = r.publish_timeout.0 + r.poll_interval.0;
+    let stuck_after = match file.http.stuck_after {
+        None => longest_cycle + Duration::from_secs(60),
+        Some(d) if d.0 <= longest_cycle => {
+            return Err(config(format!(
+                "http.stuck_after ({d}) must be longer than relay.publish_timeout + \
+                 relay.poll_interval ({}), the longest normal cycle of a claim loop",
+                Dur(longest_cycle)
+            )));
+        }
+        Some(d) => d.0,
+    };
 
     let listen = match file.http.listen.trim() {
         "" | "0" | "off" | "false" => None,
@@ -638,6 +660,7 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
         listen,
         stats_refresh: file.http.stats_refresh.0,
         check_timeout: file.http.check_timeout.0,
+        stuck_after,
         broker: file.broker,
         routing: file.routing,
     })
@@ -654,6 +677,18 @@ mod tests {
         assert_eq!(s.listen, Some("127.0.0.1:9187".parse().unwrap()));
         assert!(s.database().is_err());
         assert_eq!(s.broker.kind, "stdout");
+        assert_eq!(s.stuck_after, Duration::from_millis(90_100));
+    }
+
+    #[test]
+    fn a_stuck_bound_shorter_than_a_normal_cycle_is_refused() {
+        let mut file = FileConfig::default();
+        file.http.stuck_after = Some(Dur::secs(30));
+        let error = validate(file).unwrap_err().to_string();
+        assert!(
+            error.contains("http.stuck_after (30s) must be longer than relay.publish_timeout"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -707,6 +742,7 @@ mod tests {
         assert_eq!(format!("{:?}", s.relay), format!("{:?}", d.relay));
         assert_eq!(s.store, d.store);
         assert_eq!(s.listen, d.listen);
+        assert_eq!(s.stuck_after, d.stuck_after);
     }
 
     #[test]

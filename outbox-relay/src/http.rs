@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use outbox_core::Publisher;
+use outbox_core::{Liveness, Publisher};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
@@ -23,6 +23,15 @@ struct Endpoint {
     pool: PgPool,
     publisher: Arc<AnyPublisher>,
     check_timeout: Duration,
+    liveness: Arc<Liveness>,
+    stuck_after: Duration,
+}
+
+/// What `/healthz` and `/readyz` look at besides the connections.
+pub(crate) struct Probes {
+    pub(crate) check_timeout: Duration,
+    pub(crate) liveness: Arc<Liveness>,
+    pub(crate) stuck_after: Duration,
 }
 
 /// Bind now (so a taken port fails the start), serve until `stop` completes.
@@ -38,18 +47,20 @@ pub(crate) async fn serve(
     metrics: PrometheusHandle,
     pool: PgPool,
     publisher: Arc<AnyPublisher>,
-    check_timeout: Duration,
+    probes: Probes,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     let app = Router::new()
         .route("/metrics", get(render_metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(live))
         .route("/readyz", get(ready))
         .with_state(Endpoint {
             metrics,
             pool,
             publisher,
-            check_timeout,
+            check_timeout: probes.check_timeout,
+            liveness: probes.liveness,
+            stuck_after: probes.stuck_after,
         });
     if let Err(error) = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
@@ -67,6 +78,28 @@ async fn render_metrics(State(endpoint): State<Endpoint>) -> impl IntoResponse {
         )],
         endpoint.metrics.render(),
     )
+}
+
+/// Live unless a claim loop has gone `http.stuck_after` without finishing a cycle
+/// (a call that never returns): then only a restart helps. Failing connections
+/// do not make the relay dead: its loops keep cycling through their errors, and
+/// `/readyz` reports them.
+async fn live(State(endpoint): State<Endpoint>) -> impl IntoResponse {
+    match endpoint.liveness.stalled_for(Instant::now()) {
+        Some(stalled) if stalled > endpoint.stuck_after => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "stuck: a claim loop has not finished a cycle for {} (http.stuck_after {})\n",
+                humantime::format_duration(round_to_ms(stalled)),
+                humantime::format_duration(endpoint.stuck_after)
+            ),
+        ),
+        _ => (StatusCode::OK, "ok\n".to_string()),
+    }
+}
+
+fn round_to_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Ready when the database answers and the broker is reachable.

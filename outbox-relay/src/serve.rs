@@ -44,7 +44,11 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
             metrics.clone(),
             pool.clone(),
             Arc::clone(&publisher),
-            settings.check_timeout,
+            http::Probes {
+                check_timeout: settings.check_timeout,
+                liveness: relay.liveness(),
+                stuck_after: settings.stuck_after,
+            },
             stopped(stop_rx.clone()),
         ));
     }

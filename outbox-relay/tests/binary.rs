@@ -38,6 +38,7 @@ const OUTBOX_VARS: &[&str] = &[
     "OUTBOX_MAX_ATTEMPTS",
     "OUTBOX_RETENTION",
     "OUTBOX_HTTP_LISTEN",
+    "OUTBOX_HTTP_STUCK_AFTER",
     "RUST_LOG",
 ];
 
@@ -128,7 +129,11 @@ struct RelayProcess {
 
 impl RelayProcess {
     fn start(config: &Path) -> Self {
-        let mut child = command(config, &["relay"])
+        Self::spawn(command(config, &["relay"]))
+    }
+
+    fn spawn(mut command: Command) -> Self {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -396,6 +401,69 @@ async fn metrics_and_health_endpoints() {
     let (status, published) = relay.terminate(Duration::from_secs(25));
     assert!(status.success());
     assert_eq!(published.len(), ids.len());
+    outbox.drop_schema().await.unwrap();
+}
+
+/// A relay whose claim loop hangs (its record waits on a row lock another
+/// session holds) fails `/healthz` after `http.stuck_after`, stays ready, and is
+/// live again once the loop moves.
+#[tokio::test(flavor = "multi_thread")]
+async fn healthz_fails_while_a_claim_loop_is_stuck() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let port = free_port();
+    let config = Config::for_schema(
+        outbox.tables.schema().as_str(),
+        &format!("127.0.0.1:{port}"),
+    );
+    let ids = enqueue(&outbox, 1).await;
+    // Hold the event's row: the relay claims it (advisory lock), publishes it, and
+    // its delete then waits for this transaction.
+    let mut holder = outbox.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {}.outbox_events WHERE id = $1 FOR UPDATE",
+        outbox.tables.schema().quoted()
+    ))
+    .bind(ids[0])
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let mut cmd = command(&config.path, &["relay"]);
+    cmd.env("OUTBOX_PUBLISH_TIMEOUT", "1s")
+        .env("OUTBOX_HTTP_STUCK_AFTER", "2s");
+    let relay = RelayProcess::spawn(cmd);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stuck = loop {
+        assert!(
+            Instant::now() < deadline,
+            "/healthz never reported the stuck loop"
+        );
+        if let Some((503, body)) = get(port, "/healthz") {
+            break body;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        stuck.starts_with("stuck: a claim loop has not finished a cycle for"),
+        "{stuck}"
+    );
+    assert!(stuck.contains("(http.stuck_after 2s)"), "{stuck}");
+    assert_eq!(relay.published_ids(), ids, "published, not yet recorded");
+    let ready = get(port, "/readyz").expect("readyz");
+    assert_eq!(ready.0, 200, "stuck is not unready: {}", ready.1);
+
+    holder.rollback().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(port, "/healthz").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "/healthz did not recover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        pending_ids(&outbox).await.is_empty(),
+        "recorded once the lock went"
+    );
+    let (status, _) = relay.terminate(Duration::from_secs(25));
+    assert!(status.success());
     outbox.drop_schema().await.unwrap();
 }
 

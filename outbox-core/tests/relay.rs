@@ -29,6 +29,15 @@ fn config(batch_size: usize) -> RelayConfig {
     }
 }
 
+/// A publisher whose publish never returns.
+struct Hang;
+
+impl outbox_core::Publisher for Hang {
+    async fn publish(&self, _: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+        std::future::pending().await
+    }
+}
+
 /// Run the relay until the store has nothing pending or `limit` passes.
 async fn run_until_drained<P: outbox_core::Publisher>(relay: &Relay<MemoryStore, P>) {
     let store = relay.store().clone();
@@ -187,12 +196,6 @@ async fn publisher_returning_too_few_outcomes_means_retry_not_loss() {
 
 #[tokio::test]
 async fn hanging_publisher_is_bounded_by_publish_timeout() {
-    struct Hang;
-    impl outbox_core::Publisher for Hang {
-        async fn publish(&self, _: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
-            std::future::pending().await
-        }
-    }
     let store = MemoryStore::new();
     let id = store.enqueue(event("a", 0)).unwrap();
     let mut cfg = config(10);
@@ -348,12 +351,6 @@ async fn a_run_cut_by_the_publish_timeout_is_held_back_not_failed() {
 /// only waits for events keeps finishing them; a stopped relay has no answer.
 #[tokio::test]
 async fn liveness_tells_a_stuck_claim_loop_from_an_idle_one() {
-    struct Hang;
-    impl outbox_core::Publisher for Hang {
-        async fn publish(&self, _: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
-            std::future::pending().await
-        }
-    }
     let now = std::time::Instant::now;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

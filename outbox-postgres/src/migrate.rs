@@ -58,7 +58,7 @@ pub async fn migrate(pool: &PgPool, tables: &Tables) -> Result<()> {
         .await?
         .into_iter()
         .collect();
-    for migration in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+    for migration in not_in(&applied) {
         let rendered = render(migration.template, &sql.template_names);
         let failed = |source| Error::Migration {
             version: migration.version,
@@ -102,11 +102,12 @@ pub async fn unapplied_migrations(
     } else {
         HashSet::new()
     };
-    Ok(MIGRATIONS
-        .iter()
-        .filter(|m| !applied.contains(&m.version))
-        .map(|m| (m.version, m.name))
-        .collect())
+    Ok(not_in(&applied).map(|m| (m.version, m.name)).collect())
+}
+
+/// The migrations whose versions are not in `applied`, in order.
+fn not_in(applied: &HashSet<i32>) -> impl Iterator<Item = &'static Migration> + '_ {
+    MIGRATIONS.iter().filter(|m| !applied.contains(&m.version))
 }
 
 fn render(template: &str, names: &[(&'static str, String)]) -> String {

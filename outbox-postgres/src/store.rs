@@ -260,6 +260,7 @@ impl PgStore {
             .bind(limit)
             .bind(scan_window)
             .bind(expired_holds)
+            // Read again: the observation may just have moved the start.
             .bind(self.walk_start.from())
             .fetch_all(&mut *tx)
             .await?;

@@ -12,53 +12,55 @@ use serde_json::Value;
 /// Plan nodes that read a whole table (or every row of an index's range, unordered).
 const SCANS_OF_EVERYTHING: &[&str] = &["Seq Scan", "Bitmap Heap Scan"];
 
-/// `(node type, relation)` of every plan node that scans a whole outbox table.
-fn whole_table_scans(plan: &Value, tables: &[&str], found: &mut Vec<String>) {
+/// Call `visit` on every node of an `EXPLAIN (FORMAT JSON)` plan.
+fn for_each_node(plan: &Value, visit: &mut impl FnMut(&serde_json::Map<String, Value>)) {
     match plan {
         Value::Object(node) => {
-            let kind = node.get("Node Type").and_then(Value::as_str);
-            let relation = node.get("Relation Name").and_then(Value::as_str);
-            if let (Some(kind), Some(relation)) = (kind, relation) {
-                if SCANS_OF_EVERYTHING.contains(&kind) && tables.contains(&relation) {
-                    found.push(format!("{kind} on {relation}"));
-                }
-            }
-            node.values()
-                .for_each(|v| whole_table_scans(v, tables, found));
+            visit(node);
+            node.values().for_each(|v| for_each_node(v, visit));
         }
-        Value::Array(items) => items
-            .iter()
-            .for_each(|v| whole_table_scans(v, tables, found)),
+        Value::Array(items) => items.iter().for_each(|v| for_each_node(v, visit)),
         _ => {}
     }
+}
+
+/// A plan node's type and relation, when it scans a relation.
+fn scan_of(node: &serde_json::Map<String, Value>) -> Option<(&str, &str)> {
+    let kind = node.get("Node Type").and_then(Value::as_str)?;
+    let relation = node.get("Relation Name").and_then(Value::as_str)?;
+    Some((kind, relation))
+}
+
+/// `(node type, relation)` of every plan node that scans a whole outbox table.
+fn whole_table_scans(plan: &Value, tables: &[&str], found: &mut Vec<String>) {
+    for_each_node(plan, &mut |node| {
+        if let Some((kind, relation)) = scan_of(node) {
+            if SCANS_OF_EVERYTHING.contains(&kind) && tables.contains(&relation) {
+                found.push(format!("{kind} on {relation}"));
+            }
+        }
+    });
 }
 
 /// Aggregates computed straight over an index scan of an outbox table: a `min()`
 /// or `count()` that reads the whole index (a generic plan without statistics
 /// does not turn `min()` into a first-row probe).
 fn aggregates_over_scans(plan: &Value, tables: &[&str], found: &mut Vec<String>) {
-    match plan {
-        Value::Object(node) => {
-            if node.get("Node Type").and_then(Value::as_str) == Some("Aggregate") {
-                let children = node.get("Plans").and_then(Value::as_array);
-                for child in children.into_iter().flatten() {
-                    let kind = child.get("Node Type").and_then(Value::as_str);
-                    let relation = child.get("Relation Name").and_then(Value::as_str);
-                    if let (Some(kind), Some(relation)) = (kind, relation) {
-                        if kind.starts_with("Index") && tables.contains(&relation) {
-                            found.push(format!("Aggregate over {kind} on {relation}"));
-                        }
-                    }
-                }
-            }
-            node.values()
-                .for_each(|v| aggregates_over_scans(v, tables, found));
+    for_each_node(plan, &mut |node| {
+        if node.get("Node Type").and_then(Value::as_str) != Some("Aggregate") {
+            return;
         }
-        Value::Array(items) => items
-            .iter()
-            .for_each(|v| aggregates_over_scans(v, tables, found)),
-        _ => {}
-    }
+        let children = node.get("Plans").and_then(Value::as_array);
+        for (kind, relation) in children
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.as_object().and_then(scan_of))
+        {
+            if kind.starts_with("Index") && tables.contains(&relation) {
+                found.push(format!("Aggregate over {kind} on {relation}"));
+            }
+        }
+    });
 }
 
 async fn analyze(db: &TestOutbox) {

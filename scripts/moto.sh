@@ -10,6 +10,9 @@
 # missing. Reuses a moto already answering on the port (and then leaves it running).
 # Fails with one line on stderr and a non-zero status when moto cannot be had.
 
+# shellcheck source=scripts/service.sh
+source "$(dirname "${BASH_SOURCE[0]}")/service.sh"
+
 _moto_fail() {
     echo "moto.sh: $*" >&2
     return 1
@@ -43,47 +46,25 @@ _moto_start() {
     local log="${TMPDIR:-/tmp}/outbox-moto-${port}.log"
     moto_server -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
     MOTO_PID=$!
-    local i
-    for i in $(seq 1 100); do
-        if _moto_answers "$url"; then
-            echo "moto.sh: moto (pid $MOTO_PID) answers at $url" >&2
-            return 0
-        fi
-        if ! kill -0 "$MOTO_PID" 2>/dev/null; then
-            MOTO_PID=""
-            _moto_fail "moto_server exited at start (port $port in use?); see $log"
-            return 1
-        fi
-        sleep 0.2
-    done
-    _moto_stop
-    _moto_fail "moto_server did not answer at $url within 20 s; see $log"
+    local waited=0
+    service_wait MOTO_PID 20 _moto_answers "$url" || waited=$?
+    case $waited in
+        0) echo "moto.sh: moto (pid $MOTO_PID) answers at $url" >&2 ;;
+        1) _moto_fail "moto_server exited at start (port $port in use?); see $log" ;;
+        *)
+            _moto_stop
+            _moto_fail "moto_server did not answer at $url within 20 s; see $log"
+            ;;
+    esac
 }
 
 _moto_stop() {
-    if [ -n "${MOTO_PID:-}" ]; then
-        kill "$MOTO_PID" 2>/dev/null
-        wait "$MOTO_PID" 2>/dev/null
-        MOTO_PID=""
-    fi
+    service_stop MOTO_PID
 }
 
 if [ "${BASH_SOURCE[0]}" != "$0" ]; then
     # Sourced: start in the background and chain our cleanup to the caller's EXIT trap.
-    _moto_start || return 1
-    _moto_prev_trap="$(trap -p EXIT | sed -e "s/^trap -- '//" -e "s/' EXIT\$//")"
-    trap "_moto_stop; ${_moto_prev_trap}" EXIT
+    service_sourced _moto_start _moto_stop || return 1
     return 0
 fi
-
-set -u
-_moto_start || exit 1
-trap _moto_stop EXIT INT TERM
-if [ "$#" -gt 0 ]; then
-    "$@"
-    exit $?
-fi
-if [ -n "${MOTO_PID:-}" ]; then
-    echo "moto.sh: OUTBOX_SQS_ENDPOINT=$OUTBOX_SQS_ENDPOINT; Ctrl-C stops it" >&2
-    wait "$MOTO_PID"
-fi
+service_main moto.sh _moto_start _moto_stop MOTO_PID OUTBOX_SQS_ENDPOINT "$@"

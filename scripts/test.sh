@@ -42,4 +42,10 @@ fi
 # shellcheck source=scripts/moto.sh
 source scripts/moto.sh || { say "FAILED: moto (SQS test server) could not be started"; exit 1; }
 
+# PgBouncer in transaction pooling mode, for the tests through a pooler: started by
+# scripts/pgbouncer.sh (pgbouncer must be installed), which exports
+# OUTBOX_PGBOUNCER_URL and stops it when this script exits.
+# shellcheck source=scripts/pgbouncer.sh
+source scripts/pgbouncer.sh || { say "FAILED: PgBouncer could not be started (see above)"; exit 1; }
+
 cargo test --workspace --all-features "$@"

@@ -15,6 +15,7 @@ use crate::sql::Sql;
 pub struct Cleanup {
     pool: PgPool,
     sql: Arc<Sql>,
+    persistent: bool,
     batch_size: i64,
 }
 
@@ -24,6 +25,7 @@ impl Cleanup {
         Self {
             pool,
             sql: Arc::clone(outbox.sql()),
+            persistent: outbox.persistent(),
             batch_size: 1000,
         }
     }
@@ -84,12 +86,17 @@ impl Cleanup {
     async fn in_batches(&self, statement: &str, retention: Duration) -> Result<u64> {
         let mut total = 0;
         loop {
+            // In a transaction, so that a pooler keeps one server connection for the
+            // statement's round trips (see `pooler.rs`).
+            let mut tx = self.pool.begin().await?;
             let deleted = sqlx::query(statement)
                 .bind(retention.as_secs_f64())
                 .bind(self.batch_size)
-                .execute(&self.pool)
+                .persistent(self.persistent)
+                .execute(&mut *tx)
                 .await?
                 .rows_affected();
+            tx.commit().await?;
             total += deleted;
             if deleted < self.batch_size as u64 {
                 return Ok(total);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_core::Event;
-use sqlx::postgres::PgArguments;
+use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgPool, Postgres, Row};
 use uuid::Uuid;
@@ -72,6 +72,7 @@ pub struct DeadLetter {
 pub struct DeadLetters {
     pool: PgPool,
     sql: Arc<Sql>,
+    persistent: bool,
 }
 
 impl DeadLetters {
@@ -80,25 +81,19 @@ impl DeadLetters {
         Self {
             pool,
             sql: Arc::clone(outbox.sql()),
+            persistent: outbox.persistent(),
         }
     }
 
     /// Number of dead letters matching `filter`.
     pub async fn count(&self, filter: &DeadLetterFilter) -> Result<u64> {
-        let n: i64 = filter
-            .bind(sqlx::query(&self.sql.dead_count))
-            .fetch_one(&self.pool)
-            .await?
-            .try_get(0)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        self.counted(&self.sql.dead_count, filter).await
     }
 
     /// Up to `limit` dead letters matching `filter`, oldest event first.
     pub async fn list(&self, filter: &DeadLetterFilter, limit: u32) -> Result<Vec<DeadLetter>> {
-        let rows = filter
-            .bind(sqlx::query(&self.sql.dead_list))
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+        let rows = self
+            .rows(&self.sql.dead_list, filter, Some(i64::from(limit)))
             .await?;
         rows.iter()
             .map(|r| {
@@ -128,21 +123,40 @@ impl DeadLetters {
     /// With [`crate::AfterDeadLetter::Block`], the aggregate's hold is lifted and the
     /// retried event goes first.
     pub async fn retry(&self, filter: &DeadLetterFilter) -> Result<u64> {
-        let row = filter
-            .bind(sqlx::query(&self.sql.dead_retry))
-            .fetch_one(&self.pool)
-            .await?;
-        let n: i64 = row.try_get(0)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        self.counted(&self.sql.dead_retry, filter).await
     }
 
     /// Delete the matching dead letters for good. Returns how many were deleted.
     pub async fn purge(&self, filter: &DeadLetterFilter) -> Result<u64> {
-        let row = filter
-            .bind(sqlx::query(&self.sql.dead_purge))
-            .fetch_one(&self.pool)
-            .await?;
-        let n: i64 = row.try_get(0)?;
+        self.counted(&self.sql.dead_purge, filter).await
+    }
+
+    /// Run `statement` with `filter` (and `limit`, for the list). In a transaction,
+    /// so that a pooler keeps one server connection for the statement's round trips
+    /// (see `pooler.rs`).
+    async fn rows(
+        &self,
+        statement: &str,
+        filter: &DeadLetterFilter,
+        limit: Option<i64>,
+    ) -> Result<Vec<PgRow>> {
+        let mut query = filter.bind(sqlx::query(statement).persistent(self.persistent));
+        if let Some(limit) = limit {
+            query = query.bind(limit);
+        }
+        let mut tx = self.pool.begin().await?;
+        let rows = query.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    /// The count `statement` returns (its one row's one column).
+    async fn counted(&self, statement: &str, filter: &DeadLetterFilter) -> Result<u64> {
+        let rows = self.rows(statement, filter, None).await?;
+        let n: i64 = match rows.first() {
+            Some(row) => row.try_get(0)?,
+            None => 0,
+        };
         Ok(u64::try_from(n).unwrap_or(0))
     }
 }

@@ -33,6 +33,9 @@ use crate::tables::Tables;
 pub struct Outbox {
     sql: Arc<Sql>,
     tables: Tables,
+    /// Whether statements are prepared under a name and kept (sqlx's default), or
+    /// sent unnamed (see [`Outbox::with_unnamed_statements`]).
+    persistent: bool,
 }
 
 impl Default for Outbox {
@@ -47,7 +50,19 @@ impl Outbox {
         Self {
             sql: Arc::new(Sql::new(&tables)),
             tables,
+            persistent: true,
         }
+    }
+
+    /// Send statements unnamed, for connections without a statement cache: those of
+    /// [`crate::pooler_options`], through PgBouncer in transaction mode. There sqlx
+    /// would name each statement anyway and leave it on the server connection, where
+    /// another client's statement of the same name then fails. Defaults to `false`.
+    /// Writers taken from a store ([`crate::PgStore::outbox`]) follow its pool.
+    #[must_use]
+    pub fn with_unnamed_statements(mut self, unnamed: bool) -> Self {
+        self.persistent = !unnamed;
+        self
     }
 
     /// The names in use.
@@ -57,6 +72,11 @@ impl Outbox {
 
     pub(crate) fn sql(&self) -> &Arc<Sql> {
         &self.sql
+    }
+
+    /// `persistent` of every statement of this outbox (`false`: unnamed).
+    pub(crate) fn persistent(&self) -> bool {
+        self.persistent
     }
 
     /// Write one event on `conn` (pass `&mut *tx` or `&mut tx` of your transaction).
@@ -75,6 +95,7 @@ impl Outbox {
             .bind(headers)
             .bind(&event.destination)
             .bind(event.not_before)
+            .persistent(self.persistent)
             .execute(conn)
             .await?;
         Ok(event.id)
@@ -106,6 +127,7 @@ impl Outbox {
             .bind(headers)
             .bind(destinations)
             .bind(not_before)
+            .persistent(self.persistent)
             .execute(conn)
             .await?;
         Ok(ids)

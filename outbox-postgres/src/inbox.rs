@@ -39,6 +39,7 @@ pub enum InboxError<E> {
 #[derive(Debug, Clone)]
 pub struct Inbox {
     sql: Arc<Sql>,
+    persistent: bool,
     consumer: String,
 }
 
@@ -49,6 +50,7 @@ impl Inbox {
         Ident::new("consumer", consumer)?;
         Ok(Self {
             sql: Arc::clone(outbox.sql()),
+            persistent: outbox.persistent(),
             consumer: consumer.to_string(),
         })
     }
@@ -60,6 +62,7 @@ impl Inbox {
         let done = sqlx::query(&self.sql.inbox_record)
             .bind(&self.consumer)
             .bind(event_id)
+            .persistent(self.persistent)
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

@@ -9,6 +9,7 @@ mod inbox;
 mod migrate;
 #[cfg(feature = "test-utils")]
 mod plans;
+mod pooler;
 mod row;
 mod sql;
 mod stats;
@@ -26,6 +27,7 @@ pub use error::{Error, Result};
 pub use ident::Ident;
 pub use inbox::{Inbox, InboxError, Processed};
 pub use migrate::{migrate, unapplied_migrations};
+pub use pooler::pooler_options;
 pub use sql::AfterDeadLetter;
 pub use stats::OutboxStats;
 pub use store::{ClaimSql, PgClaim, PgStore, Retention, StoreConfig};

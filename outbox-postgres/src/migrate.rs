@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use sqlx::PgPool;
 
 use crate::error::{Error, Result};
+use crate::pooler::caches_statements;
 use crate::sql::Sql;
 use crate::tables::Tables;
 
@@ -46,14 +47,23 @@ const MIGRATIONS: &[Migration] = &[
 /// lock serialises them, and each migration commits with its version record.
 pub async fn migrate(pool: &PgPool, tables: &Tables) -> Result<()> {
     let sql = Sql::new(tables);
+    let persistent = caches_statements(pool);
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(&sql.migration_lock_key)
+        .persistent(persistent)
         .execute(&mut *tx)
         .await?;
-    sqlx::query(&sql.create_schema).execute(&mut *tx).await?;
-    sqlx::query(&sql.migrations_table).execute(&mut *tx).await?;
+    sqlx::query(&sql.create_schema)
+        .persistent(persistent)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(&sql.migrations_table)
+        .persistent(persistent)
+        .execute(&mut *tx)
+        .await?;
     let applied: HashSet<i32> = sqlx::query_scalar(&sql.applied_versions)
+        .persistent(persistent)
         .fetch_all(&mut *tx)
         .await?
         .into_iter()
@@ -72,6 +82,7 @@ pub async fn migrate(pool: &PgPool, tables: &Tables) -> Result<()> {
         sqlx::query(&sql.record_version)
             .bind(migration.version)
             .bind(migration.name)
+            .persistent(persistent)
             .execute(&mut *tx)
             .await
             .map_err(failed)?;
@@ -89,19 +100,26 @@ pub async fn unapplied_migrations(
     tables: &Tables,
 ) -> Result<Vec<(i32, &'static str)>> {
     let sql = Sql::new(tables);
+    let persistent = caches_statements(pool);
+    // In a transaction, so that a pooler keeps one server connection for each
+    // statement's round trips (see `pooler.rs`).
+    let mut tx = pool.begin().await?;
     let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(&sql.migrations_name)
-        .fetch_one(pool)
+        .persistent(persistent)
+        .fetch_one(&mut *tx)
         .await?;
     let applied: HashSet<i32> = if exists {
         sqlx::query_scalar(&sql.applied_versions)
-            .fetch_all(pool)
+            .persistent(persistent)
+            .fetch_all(&mut *tx)
             .await?
             .into_iter()
             .collect()
     } else {
         HashSet::new()
     };
+    tx.commit().await?;
     Ok(not_in(&applied).map(|m| (m.version, m.name)).collect())
 }
 

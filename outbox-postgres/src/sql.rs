@@ -100,6 +100,8 @@ pub(crate) struct Sql {
     /// The wake-up probe: a call of the probe function (migration 4); bind:
     /// ordered, walk start.
     pub(crate) probe_due: String,
+    /// The probe function, qualified (see [`Sql::probe_due_simple`]).
+    probe_function: String,
     /// The queries inside the probe function, with their arguments as `$1`
     /// (ordered: the walk start): what the plan test explains.
     #[cfg_attr(not(feature = "test-utils"), allow(dead_code))]
@@ -392,6 +394,7 @@ impl Sql {
             record_failures: failures,
             count_pending: format!("{GUARDED}SELECT count(*) FROM {events} WHERE {pending}"),
             probe_due: format!("SELECT {probe_function}($1, $2)"),
+            probe_function: probe_function.clone(),
             probe_due_ordered_query: probe_ordered("$1"),
             probe_due_unordered_query: probe_unordered.clone(),
             stats: format!(
@@ -472,6 +475,12 @@ impl Sql {
             drop_notify_trigger: format!("DROP TRIGGER IF EXISTS {notify_trigger} ON {events}"),
             notify_channel,
         }
+    }
+
+    /// The wake-up probe with its arguments written in, for the simple protocol
+    /// (one round trip: pooler-safe outside a transaction, see `pooler.rs`).
+    pub(crate) fn probe_due_simple(&self, ordered: bool, walk_start: i64) -> String {
+        format!("SELECT {}({ordered}, {walk_start})", self.probe_function)
     }
 
     /// The statement recording failed events for the chosen ordering.

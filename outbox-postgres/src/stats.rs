@@ -29,9 +29,14 @@ impl PgStore {
     /// Count pending, scheduled, dead and recently published events (one table scan)
     /// and held aggregates.
     pub async fn stats(&self) -> Result<OutboxStats> {
+        // In a transaction, so that a pooler keeps one server connection for the
+        // statement's round trips (see `pooler.rs`).
+        let mut tx = self.pool().begin().await?;
         let row = sqlx::query(&self.outbox().sql().stats)
-            .fetch_one(self.pool())
+            .persistent(self.outbox().persistent())
+            .fetch_one(&mut *tx)
             .await?;
+        tx.commit().await?;
         let count =
             |i: usize| -> Result<u64> { Ok(u64::try_from(row.try_get::<i64, _>(i)?).unwrap_or(0)) };
         let age: f64 = row.try_get(3)?;
@@ -55,10 +60,12 @@ impl PgStore {
     /// rolled back at once.
     pub async fn in_flight(&self, limit: u32) -> Result<Option<u64>> {
         let sql = self.outbox().sql();
+        let persistent = self.outbox().persistent();
         let probe = i64::from(limit) + 1;
         let mut tx = self.pool().begin().await?;
         let due: i64 = sqlx::query_scalar(&sql.count_due)
             .bind(probe)
+            .persistent(persistent)
             .fetch_one(&mut *tx)
             .await?;
         if due > i64::from(limit) {
@@ -68,6 +75,7 @@ impl PgStore {
         if self.config().ordering {
             let held: i64 = sqlx::query_scalar(&sql.count_due_in_locked_aggregates)
                 .bind(probe)
+                .persistent(persistent)
                 .fetch_one(&mut *tx)
                 .await?;
             tx.rollback().await?;
@@ -75,6 +83,7 @@ impl PgStore {
         }
         let unlocked: i64 = sqlx::query_scalar(&sql.count_due_unlocked)
             .bind(probe)
+            .persistent(persistent)
             .fetch_one(&mut *tx)
             .await?;
         tx.rollback().await?;

@@ -31,6 +31,7 @@ use uuid::Uuid;
 
 use crate::enqueue::Outbox;
 use crate::error::{Error, Result};
+use crate::pooler::caches_statements;
 use crate::row;
 use crate::sql::{self, AfterDeadLetter, Sql};
 use crate::tables::Tables;
@@ -101,8 +102,11 @@ pub struct PgStore {
 
 impl PgStore {
     /// A store on `pool` for the outbox in `tables`, with the default [`StoreConfig`].
+    ///
+    /// On a pool without a statement cache ([`crate::pooler_options`]) its
+    /// statements are unnamed, and so are those of its [`PgStore::outbox`].
     pub fn new(pool: PgPool, tables: Tables) -> Self {
-        let outbox = Outbox::new(tables);
+        let outbox = Outbox::new(tables).with_unnamed_statements(!caches_statements(&pool));
         let waker = Arc::new(Waker::new(Wakeup::default(), outbox.sql()));
         Self {
             pool,
@@ -213,6 +217,7 @@ impl PgStore {
         } else {
             let rows = sqlx::query(&self.sql().claim_unordered)
                 .bind(limit)
+                .persistent(self.outbox.persistent())
                 .fetch_all(&mut *tx)
                 .await?;
             rows.iter()
@@ -232,6 +237,7 @@ impl PgStore {
             events,
             sql: Arc::clone(self.sql()),
             config: self.config,
+            persistent: self.outbox.persistent(),
         })
     }
 
@@ -262,6 +268,7 @@ impl PgStore {
             .bind(expired_holds)
             // Read again: the observation may just have moved the start.
             .bind(self.walk_start.from())
+            .persistent(self.outbox.persistent())
             .fetch_all(&mut *tx)
             .await?;
         if walked.is_empty() {
@@ -309,6 +316,7 @@ impl PgStore {
                 .bind(window.to_seq)
                 .bind(&released.types)
                 .bind(&released.ids)
+                .persistent(self.outbox.persistent())
                 .fetch_all(&mut *tx)
                 .await?;
             for row in &again {
@@ -327,6 +335,7 @@ impl PgStore {
                 .bind(&t)
                 .bind(&i)
                 .bind(&u)
+                .persistent(self.outbox.persistent())
                 .execute(&mut *tx)
                 .await?;
         }
@@ -346,6 +355,7 @@ impl PgStore {
             sqlx::query(&self.sql().unhold)
                 .bind(&lift_types)
                 .bind(&lift_ids)
+                .persistent(self.outbox.persistent())
                 .execute(&mut *tx)
                 .await?;
         }
@@ -362,6 +372,7 @@ impl PgStore {
         let started = Instant::now();
         let row = sqlx::query(&self.sql().walk_front)
             .bind(from)
+            .persistent(self.outbox.persistent())
             .fetch_one(&mut *tx)
             .await?;
         self.walk_start.observed(Observation {
@@ -553,7 +564,8 @@ impl Store for PgStore {
 
     async fn wait_for_events(&self, timeout: Duration) {
         let probe = Probe {
-            sql: &self.sql().probe_due,
+            sql: self.sql(),
+            unnamed: !self.outbox.persistent(),
             ordered: self.config.ordering,
             walk_start: self.walk_start.from(),
         };
@@ -570,6 +582,7 @@ pub struct PgClaim {
     events: Vec<Event>,
     sql: Arc<Sql>,
     config: StoreConfig,
+    persistent: bool,
 }
 
 impl PgClaim {
@@ -615,6 +628,7 @@ impl PgClaim {
             };
             sqlx::query(statement)
                 .bind(&published)
+                .persistent(self.persistent)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -627,6 +641,7 @@ impl PgClaim {
                 .bind(&errors)
                 .bind(&delays_ms)
                 .bind(&dead)
+                .persistent(self.persistent)
                 .execute(&mut *tx)
                 .await?;
         }

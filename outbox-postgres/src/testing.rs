@@ -4,6 +4,7 @@ use sqlx::PgPool;
 
 use crate::enqueue::Outbox;
 use crate::error::Result;
+use crate::pooler::caches_statements;
 use crate::store::PgStore;
 use crate::tables::Tables;
 
@@ -32,11 +33,18 @@ impl TestOutbox {
             .max_connections(16)
             .connect(&database_url())
             .await?;
+        Self::with_pool(pool).await
+    }
+
+    /// Create and migrate a fresh outbox schema through `pool`, which may reach the
+    /// test database another way (e.g. through a connection pooler).
+    pub async fn with_pool(pool: PgPool) -> Result<Self> {
         let schema = format!("outbox_test_{}", uuid::Uuid::new_v4().simple());
         let tables = Tables::in_schema(&schema)?;
         crate::migrate(&pool, &tables).await?;
         Ok(Self {
-            outbox: Outbox::new(tables.clone()),
+            // Like the store's: unnamed statements on a pool without a statement cache.
+            outbox: Outbox::new(tables.clone()).with_unnamed_statements(!caches_statements(&pool)),
             pool,
             tables,
         })
@@ -63,7 +71,8 @@ impl TestOutbox {
 
     /// Drop the schema and everything in it.
     pub async fn drop_schema(&self) -> Result<()> {
-        sqlx::query(&format!(
+        // Simple protocol: also right on a pool through a pooler (see `pooler.rs`).
+        sqlx::raw_sql(&format!(
             "DROP SCHEMA {} CASCADE",
             self.tables.schema().quoted()
         ))

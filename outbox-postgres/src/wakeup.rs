@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgListener;
-use sqlx::PgPool;
+use sqlx::{PgPool, Row};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
@@ -88,11 +88,12 @@ impl Wakeup {
 /// This costs producers throughput (see [`Wakeup`]); measure before using it.
 pub async fn install_notify_trigger(pool: &PgPool, tables: &Tables) -> Result<()> {
     let sql = Sql::new(tables);
+    // Simple protocol: no prepared statement left behind (see `pooler.rs`).
     let mut tx = pool.begin().await?;
-    sqlx::query(&sql.drop_notify_trigger)
+    sqlx::raw_sql(&sql.drop_notify_trigger)
         .execute(&mut *tx)
         .await?;
-    sqlx::query(&sql.create_notify_trigger)
+    sqlx::raw_sql(&sql.create_notify_trigger)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
@@ -102,7 +103,9 @@ pub async fn install_notify_trigger(pool: &PgPool, tables: &Tables) -> Result<()
 /// Remove the trigger of [`install_notify_trigger`]. Idempotent.
 pub async fn remove_notify_trigger(pool: &PgPool, tables: &Tables) -> Result<()> {
     let sql = Sql::new(tables);
-    sqlx::query(&sql.drop_notify_trigger).execute(pool).await?;
+    sqlx::raw_sql(&sql.drop_notify_trigger)
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
@@ -110,10 +113,30 @@ pub async fn remove_notify_trigger(pool: &PgPool, tables: &Tables) -> Result<()>
 /// (`Sql::probe_due`) and its arguments.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Probe<'a> {
-    pub(crate) sql: &'a str,
+    pub(crate) sql: &'a Sql,
+    /// The store's statements are unnamed: its connections may go through a pooler.
+    pub(crate) unnamed: bool,
     pub(crate) ordered: bool,
     /// Where ordered claims start their walk (`walk_start.rs`).
     pub(crate) walk_start: i64,
+}
+
+impl Probe<'_> {
+    /// Whether due events exist (one statement, no transaction).
+    async fn due(&self, pool: &PgPool) -> std::result::Result<bool, sqlx::Error> {
+        if self.unnamed {
+            // A prepared statement outside a transaction takes two round trips, and
+            // a pooler may run the second on another server connection: one simple
+            // query instead, with the arguments (a bool, an integer) written in.
+            let sql = self.sql.probe_due_simple(self.ordered, self.walk_start);
+            return sqlx::raw_sql(&sql).fetch_one(pool).await?.try_get(0);
+        }
+        sqlx::query_scalar(&self.sql.probe_due)
+            .bind(self.ordered)
+            .bind(self.walk_start)
+            .fetch_one(pool)
+            .await
+    }
 }
 
 /// The wake-up state shared by the clones of one store.
@@ -227,11 +250,7 @@ impl Waker {
             if interval >= left {
                 return;
             }
-            let due = sqlx::query_scalar::<_, bool>(probe.sql)
-                .bind(probe.ordered)
-                .bind(probe.walk_start)
-                .fetch_one(pool)
-                .await;
+            let due = probe.due(pool).await;
             if due.is_ok() {
                 self.probe_failing.store(false, Ordering::Relaxed);
             }

@@ -35,8 +35,10 @@ pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool,
         options = options.options([("idle_in_transaction_session_timeout", millis.as_str())]);
     }
     if db.pgbouncer {
-        // Named prepared statements do not survive transaction pooling.
-        options = options.statement_cache_capacity(0);
+        // No prepared statement cache (the store then sends its statements unnamed:
+        // named ones do not survive transaction pooling) and no startup parameter
+        // PgBouncer refuses.
+        options = outbox_postgres::pooler_options(options);
     }
     let probe = tokio::time::timeout(db.connect_timeout, options.connect())
         .await
@@ -63,11 +65,18 @@ pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool,
 /// Fail with a hint when the outbox table does not exist (migrations not applied).
 pub(crate) async fn ensure_migrated(pool: &PgPool, tables: &Tables) -> Result<(), Failure> {
     let name = format!("{}.{}", tables.schema().quoted(), tables.events().quoted());
+    let failed =
+        |e: sqlx::Error| Failure::runtime(format!("checking the outbox table {name}: {e}"));
+    // Unnamed and in a transaction: right through PgBouncer too (a statement's round
+    // trips stay on one server connection, none is left there), and this runs once.
+    let mut tx = pool.begin().await.map_err(failed)?;
     let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
         .bind(&name)
-        .fetch_one(pool)
+        .persistent(false)
+        .fetch_one(&mut *tx)
         .await
-        .map_err(|e| Failure::runtime(format!("checking the outbox table {name}: {e}")))?;
+        .map_err(failed)?;
+    tx.commit().await.map_err(failed)?;
     if exists.is_none() {
         return Err(Failure::runtime(format!(
             "the outbox table {name} does not exist: run `outbox migrate` with the same configuration first"

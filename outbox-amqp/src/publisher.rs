@@ -22,7 +22,9 @@ use crate::routing::{AmqpRouting, MAX_SHORT_STRING};
 /// (seconds) and the metadata and user headers in the header table (see [`crate::headers`]).
 /// Publisher confirms are on and every confirm is awaited; messages are `mandatory`,
 /// so a message no queue is bound for comes back (`basic.return`) and fails
-/// permanently, alone. A `nack` fails its message only (retryable).
+/// permanently, alone. A `nack` fails its message only (retryable). No connection
+/// (refused, lost mid-batch, authentication failed) fails the batch as
+/// [`outbox_core::FailureKind::Unavailable`]: an outage counts no attempt.
 ///
 /// The connection is opened on first use; a lost connection or channel is dropped and
 /// re-opened by the next batch.
@@ -213,7 +215,8 @@ impl Publisher for AmqpPublisher {
         }
         let channel = match self.channel().await {
             Ok(channel) => channel,
-            Err(error) => return vec![Outcome::retryable(error.to_string()); events.len()],
+            // No connection (refused, lost, authentication failed): the broker's failure.
+            Err(error) => return vec![Outcome::unavailable(error.to_string()); events.len()],
         };
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
         let mut confirms = Vec::with_capacity(events.len());
@@ -271,12 +274,21 @@ impl Publisher for AmqpPublisher {
             };
             outcomes[i] = Some(outcome);
         }
-        if broken && !channel.status().connected() {
+        // Failures that may pass, on a channel that lost its connection, are the
+        // outage's, not the messages': the relay counts no attempt for them.
+        let lost = broken && !channel.status().connected();
+        if lost {
             self.invalidate(&channel).await;
         }
         outcomes
             .into_iter()
-            .map(|o| o.unwrap_or_else(|| Outcome::retryable("AMQP: message was not sent")))
+            .map(|o| match o {
+                Some(Outcome::Failed(error)) if lost && error.is_retryable() => {
+                    Outcome::unavailable(format!("{} (AMQP connection lost)", error.message))
+                }
+                Some(outcome) => outcome,
+                None => Outcome::retryable("AMQP: message was not sent"),
+            })
             .collect()
     }
 
@@ -284,6 +296,6 @@ impl Publisher for AmqpPublisher {
         self.channel()
             .await
             .map(|_| ())
-            .map_err(|e| PublishError::retryable(e.to_string()))
+            .map_err(|e| PublishError::unavailable(e.to_string()))
     }
 }

@@ -122,8 +122,11 @@ async fn events_from_postgres_reach_the_queue_in_order() {
     test.drop_schema().await.expect("drop schema");
 }
 
+/// A lost connection, and a broker that stays away longer than the whole retry
+/// schedule (3 attempts, 50-300 ms apart), counts no attempt and makes no dead
+/// letter: once RabbitMQ is back, every event arrives in per-aggregate order.
 #[tokio::test]
-async fn outage_keeps_events_in_the_outbox_until_the_broker_is_back() {
+async fn an_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
     let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
     let target = AmqpTarget::new().await;
     let proxy = TcpProxy::start(amqp_addr()).expect("proxy");
@@ -133,7 +136,12 @@ async fn outage_keeps_events_in_the_outbox_until_the_broker_is_back() {
         .connect()
         .await
         .expect("connect through the proxy");
-    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+    let mut config = relay_config();
+    config.retry = config.retry.max_attempts(3);
+    config.broker_probe_min = Duration::from_millis(100);
+    config.broker_probe_max = Duration::from_millis(500);
+    let relay = Relay::new(test.store(), publisher).with_config(config);
+    let health = relay.broker_health();
 
     // One batch on the first connection, then the connection is lost.
     let first = NewEvent::new("order", "before", "order.created", &serde_json::json!({}));
@@ -141,54 +149,55 @@ async fn outage_keeps_events_in_the_outbox_until_the_broker_is_back() {
     assert_eq!(relay.run_once().await.expect("relay").published, 1);
 
     proxy.cut();
+    // Two events on each of five orders, interleaved.
     let events: Vec<NewEvent> = (0..10)
         .map(|i| {
             NewEvent::new(
                 "order",
-                format!("o-{i}"),
-                "order.created",
+                format!("o-{}", i % 5),
+                "order.changed",
                 &serde_json::json!({"i": i}),
             )
         })
         .collect();
     enqueue(&test, &events).await;
-    let mut ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+    let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
     let table = format!(
         "{}.{}",
         test.tables.schema().quoted(),
         test.tables.events().quoted()
     );
 
-    let counts = with_relay(&relay, async {
-        wait_until("failed attempts recorded", || async {
-            let failed: i64 = sqlx::query_scalar(&format!(
-                "SELECT count(*) FROM {table} WHERE attempts > 0 AND last_error IS NOT NULL \
-                 AND processed_at IS NULL AND dead_at IS NULL"
-            ))
-            .fetch_one(&test.pool)
+    let order = with_relay(&relay, async {
+        // Outlast the retry schedule many times over.
+        outbox_core::testing::hold_outage(&health, Duration::from_secs(4), DEADLINE)
             .await
-            .expect("count");
-            failed == ids.len() as i64
-        })
-        .await;
+            .expect("an outage the relay sees");
+        let attempted: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {table} WHERE attempts > 0 AND processed_at IS NULL"
+        ))
+        .fetch_one(&test.pool)
+        .await
+        .expect("count");
+        assert_eq!(attempted, 0, "the outage counted attempts");
         assert!(
             relay.publisher().check().await.is_err(),
             "check must fail during the outage"
         );
         proxy.restore();
-        ids.push(first.id);
-        let counts = receive_all(&target, &ids).await.1;
+        let order = receive_all(&target, &ids).await.0;
         // A message whose confirm was lost is published again (at least once).
         wait_until("an empty outbox", || async {
             relay.store().pending().await.expect("pending") == 0
         })
         .await;
-        counts
+        wait_until("the relay sees RabbitMQ up", || async { health.is_up() }).await;
+        order
     })
     .await;
 
-    assert_eq!(counts.len(), ids.len(), "every event delivered: {counts:?}");
-    assert_eq!(relay.store().pending().await.expect("pending"), 0);
+    let runs: Vec<Vec<Uuid>> = (0..5).map(|a| vec![ids[a], ids[a + 5]]).collect();
+    outbox_core::testing::check_first_arrivals(&order, &runs).expect("per-aggregate order");
     let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
     assert_eq!(
         dead.count(&DeadLetterFilter::default())
@@ -198,6 +207,32 @@ async fn outage_keeps_events_in_the_outbox_until_the_broker_is_back() {
     );
     target.delete().await;
     test.drop_schema().await.expect("drop schema");
+}
+
+/// A refused login is the broker's failure, not the messages': no attempt counts.
+#[tokio::test]
+async fn a_wrong_password_is_an_outage_not_a_message_failure() {
+    let target = AmqpTarget::new().await;
+    let url = url_via(amqp_addr()).replace("guest:guest@", "guest:wrong-password@");
+    let publisher = target
+        .config(&url)
+        .build()
+        .expect("built; it connects on use");
+    let events = vec![outbox_core::conformance::event(
+        "order",
+        "o-1",
+        "order.created",
+        1,
+    )];
+    let outcomes = publisher.publish(&events).await;
+    let error = match &outcomes[..] {
+        [outbox_core::Outcome::Failed(error)] => error.clone(),
+        other => panic!("expected one failure, got {other:?}"),
+    };
+    assert!(error.is_unavailable(), "{error:?}");
+    let check = publisher.check().await.expect_err("check must fail");
+    assert!(check.is_unavailable(), "{check:?}");
+    target.delete().await;
 }
 
 #[tokio::test]

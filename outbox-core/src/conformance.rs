@@ -169,7 +169,7 @@ pub async fn run_all<T: ConformanceTarget>(target: &T) {
     republish_is_published(target).await;
     refused_message_fails_alone(target).await;
     failed_event_holds_back_its_run(target).await;
-    unreachable_broker_is_retryable(target).await;
+    unreachable_broker_is_unavailable(target).await;
 }
 
 /// An empty batch publishes nothing and returns no outcome.
@@ -560,9 +560,11 @@ async fn assert_not_received_soon<T: ConformanceTarget>(
     }
 }
 
-/// A broker that cannot be reached gives `Retryable` failures (one per event) within
-/// [`UNREACHABLE_DEADLINE`]; `check` fails too; nothing panics or hangs.
-pub async fn unreachable_broker_is_retryable<T: ConformanceTarget>(target: &T) {
+/// A broker that cannot be reached gives [`FailureKind::Unavailable`] failures (one per
+/// event, so that the relay counts no attempt against them) within
+/// [`UNREACHABLE_DEADLINE`]; `check` fails with `Unavailable` too; nothing panics or
+/// hangs.
+pub async fn unreachable_broker_is_unavailable<T: ConformanceTarget>(target: &T) {
     let publisher = build(target.unreachable_publisher(), "unreachable publisher").await;
     let events: Vec<Event> = (0..3)
         .map(|i| event("conformance_order", "down", "conformance.created", i))
@@ -580,7 +582,7 @@ pub async fn unreachable_broker_is_retryable<T: ConformanceTarget>(target: &T) {
     );
     for outcome in &outcomes {
         match outcome {
-            Outcome::Failed(e) => assert_eq!(e.kind, FailureKind::Retryable, "{e:?}"),
+            Outcome::Failed(e) => assert_eq!(e.kind, FailureKind::Unavailable, "{e:?}"),
             Outcome::Published => panic!("published to an unreachable broker"),
         }
     }
@@ -590,7 +592,7 @@ pub async fn unreachable_broker_is_retryable<T: ConformanceTarget>(target: &T) {
             panic!("check of an unreachable broker hung for {UNREACHABLE_DEADLINE:?}")
         });
     match check {
-        Err(e) => assert_eq!(e.kind, FailureKind::Retryable, "check: {e:?}"),
+        Err(e) => assert_eq!(e.kind, FailureKind::Unavailable, "check: {e:?}"),
         Ok(()) => panic!("check passed for an unreachable broker"),
     }
     tracing::debug!(elapsed = ?started.elapsed(), "unreachable broker reported");

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod broker_health;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
@@ -19,6 +20,7 @@ pub mod telemetry;
 pub mod testing;
 mod waves;
 
+pub use broker_health::{BrokerHealth, BrokerStatus};
 pub use event::{Event, EventError, Headers, NewEvent, TRACEPARENT};
 pub use liveness::Liveness;
 pub use local::{ChannelPublisher, NullPublisher, StdoutPublisher};

@@ -24,15 +24,37 @@ impl Outcome {
     pub fn permanent(message: impl Into<String>) -> Self {
         Self::Failed(PublishError::permanent(message))
     }
+
+    /// A failure of the broker as a whole, with this message.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::Failed(PublishError::unavailable(message))
+    }
+
+    /// The failure, if this is one.
+    pub fn error(&self) -> Option<&PublishError> {
+        match self {
+            Self::Published => None,
+            Self::Failed(error) => Some(error),
+        }
+    }
 }
 
-/// Whether trying the same message again can succeed.
+/// Whose failure it is, and whether trying the same message again can succeed.
+///
+/// `Retryable` and `Permanent` are failures of one message: they count an attempt,
+/// and enough of them dead-letter the event. `Unavailable` is a failure of the
+/// broker as a whole: it counts no attempt; the relay stops claiming and probes the
+/// broker ([`Publisher::check`]) until it answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureKind {
-    /// Broker down, timeout, throttling: try again later.
+    /// This message failed, for a reason that may pass (a nack, throttling, a
+    /// timeout of this message while others went through): try it again later.
     Retryable,
     /// Too large, unroutable, invalid destination: the same message will fail again.
     Permanent,
+    /// The broker as a whole failed, not the message: unreachable, connection lost,
+    /// authentication refused, every message of the batch timed out.
+    Unavailable,
 }
 
 /// A failure to publish one event.
@@ -62,9 +84,23 @@ impl PublishError {
         }
     }
 
-    /// True if the event should be retried.
+    /// A failure of the broker as a whole; the event counts no attempt.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            kind: FailureKind::Unavailable,
+            message: message.into(),
+        }
+    }
+
+    /// True if the same message may go through later (a retryable failure, or the
+    /// broker being unavailable).
     pub fn is_retryable(&self) -> bool {
-        self.kind == FailureKind::Retryable
+        self.kind != FailureKind::Permanent
+    }
+
+    /// True if the broker as a whole failed, not this message.
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == FailureKind::Unavailable
     }
 }
 
@@ -75,12 +111,23 @@ impl PublishError {
 /// - return only after the broker acknowledged or refused each message;
 /// - keep the order of events of one aggregate within the batch;
 /// - every message carries the event id as its dedup key;
-/// - never panic or hang on a broker that is down: report [`FailureKind::Retryable`].
+/// - never panic or hang on a broker that is down: report
+///   [`FailureKind::Unavailable`] for the messages that the outage failed, and fail
+///   [`Publisher::check`] while it lasts.
+///
+/// Tell a failure of the broker ([`FailureKind::Unavailable`]: no connection,
+/// connection lost, authentication refused, every message timed out) from a failure
+/// of one message ([`FailureKind::Retryable`], [`FailureKind::Permanent`]). When a
+/// publisher cannot tell, it reports `Retryable`; the relay then asks
+/// [`Publisher::check`] once a whole wave of a batch failed, and treats the failures
+/// as an outage if the check fails too.
 pub trait Publisher: Send + Sync {
     /// Publish `events`, concurrently where the broker allows, and report each outcome.
     fn publish(&self, events: &[Event]) -> impl Future<Output = Vec<Outcome>> + Send;
 
-    /// Whether the broker is reachable now (for readiness checks). Defaults to `Ok(())`.
+    /// Whether the broker is reachable now and would take messages. The relay probes
+    /// it during an outage and resumes when it passes; readiness checks call it too.
+    /// Fail with [`FailureKind::Unavailable`]. Defaults to `Ok(())`.
     fn check(&self) -> impl Future<Output = Result<(), PublishError>> + Send {
         async { Ok(()) }
     }

@@ -3,6 +3,10 @@
 //! Events of one aggregate in a claim are published one after the other and the
 //! rest of an aggregate's run is held back after a failure (module `waves`);
 //! different aggregates are published concurrently.
+//!
+//! A failure of the broker as a whole ([`FailureKind::Unavailable`]) counts no
+//! attempt: the relay stops claiming and probes the broker until it answers
+//! (module `broker_health`).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,10 +17,11 @@ use chrono::Utc;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
+use crate::broker_health::{BrokerHealth, BrokerStatus, Change};
 use crate::event::Event;
 use crate::liveness::Liveness;
-use crate::publisher::{FailureKind, Outcome, Publisher};
-use crate::retry::RetryPolicy;
+use crate::publisher::{FailureKind, Outcome, PublishError, Publisher};
+use crate::retry::{backoff, RetryPolicy};
 use crate::store::{Claim, Decision, Store, StoreError};
 use crate::telemetry;
 use crate::waves::Waves;
@@ -40,6 +45,12 @@ pub struct RelayConfig {
     pub pending_refresh: Duration,
     /// Pause after a store error before claiming again. Defaults to 1 s.
     pub error_backoff: Duration,
+    /// First pause before probing a broker that failed as a whole; later probes of the
+    /// same outage wait twice as long each time (with jitter), up to
+    /// `broker_probe_max`. Defaults to 500 ms.
+    pub broker_probe_min: Duration,
+    /// Longest pause between two probes of a broker that is down. Defaults to 30 s.
+    pub broker_probe_max: Duration,
 }
 
 impl Default for RelayConfig {
@@ -52,6 +63,8 @@ impl Default for RelayConfig {
             workers: 1,
             pending_refresh: Duration::from_secs(5),
             error_backoff: Duration::from_secs(1),
+            broker_probe_min: Duration::from_millis(500),
+            broker_probe_max: Duration::from_secs(30),
         }
     }
 }
@@ -65,6 +78,7 @@ pub struct RelayStats {
     retried: AtomicU64,
     dead_lettered: AtomicU64,
     held_back: AtomicU64,
+    deferred: AtomicU64,
     store_errors: AtomicU64,
 }
 
@@ -83,6 +97,8 @@ pub struct RelayStatsSnapshot {
     pub dead_lettered: u64,
     /// Events held back behind a failed event of their aggregate (left pending).
     pub held_back: u64,
+    /// Events left pending without an attempt because the broker was unavailable.
+    pub deferred: u64,
     /// Claims or records that failed in the store.
     pub store_errors: u64,
 }
@@ -97,6 +113,7 @@ impl RelayStats {
             retried: self.retried.load(Ordering::Relaxed),
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             held_back: self.held_back.load(Ordering::Relaxed),
+            deferred: self.deferred.load(Ordering::Relaxed),
             store_errors: self.store_errors.load(Ordering::Relaxed),
         }
     }
@@ -115,6 +132,8 @@ pub struct BatchReport {
     pub dead_lettered: usize,
     /// Events held back behind a failed event of their aggregate (left pending).
     pub held_back: usize,
+    /// Events left pending without an attempt because the broker was unavailable.
+    pub deferred: usize,
 }
 
 /// Moves events from a [`Store`] to a [`Publisher`], at least once.
@@ -132,6 +151,7 @@ pub struct Relay<S, P> {
     config: RelayConfig,
     stats: Arc<RelayStats>,
     liveness: Arc<Liveness>,
+    broker: Arc<BrokerHealth>,
 }
 
 impl<S: Store, P: Publisher> Relay<S, P> {
@@ -143,6 +163,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             config: RelayConfig::default(),
             stats: Arc::default(),
             liveness: Arc::default(),
+            broker: Arc::default(),
         }
     }
 
@@ -169,6 +190,12 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         Arc::clone(&self.liveness)
     }
 
+    /// Whether the broker takes messages, as this relay last saw it (for readiness
+    /// checks); the handle stays valid while the relay runs.
+    pub fn broker_health(&self) -> Arc<BrokerHealth> {
+        Arc::clone(&self.broker)
+    }
+
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
@@ -185,8 +212,12 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// A full batch is followed at once by the next claim; the relay waits for new
     /// events ([`Store::wait_for_events`], at most `poll_interval`) only when a claim
     /// found nothing. Store errors are logged and retried after `error_backoff`.
+    /// While the broker is down (a batch failed with [`FailureKind::Unavailable`]),
+    /// no loop claims; [`Publisher::check`] is probed with capped backoff until it
+    /// passes.
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) {
         telemetry::describe();
+        metrics::gauge!(telemetry::BROKER_UP).set(if self.broker.is_up() { 1.0 } else { 0.0 });
         let stop = Stop::default();
         let watch = async {
             shutdown.await;
@@ -197,7 +228,12 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         self.liveness.started(loops, Instant::now());
         let workers =
             futures_util::future::join_all((0..loops).map(|worker| self.work(worker, &stop)));
-        tokio::join!(watch, workers, self.refresh_pending(&stop));
+        tokio::join!(
+            watch,
+            workers,
+            self.refresh_pending(&stop),
+            self.probe_broker(&stop)
+        );
         self.liveness.stopped();
         tracing::info!("outbox relay: stopped");
     }
@@ -210,18 +246,93 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     }
 
     /// One claim and what follows it: publishing and recording, the wait for new
-    /// events, or the pause after a store error.
+    /// events, or the pause after a store error. While the broker is down, a cycle
+    /// is a wait (at most `poll_interval`) for the probe to pass.
     async fn cycle(&self, stop: &Stop) {
+        if self.broker.is_down() {
+            stop.or(self.broker.wait_claimable(self.config.poll_interval))
+                .await;
+            return;
+        }
         match self.run_once().await {
             // Something was there: more may be, claim again at once.
             Ok(report) if report.claimed > 0 => {}
             Ok(_) => {
+                // The probe passed and there is nothing to publish: the outage is over.
+                self.tell(self.broker.settled(Instant::now()));
                 stop.or(self.store.wait_for_events(self.config.poll_interval))
                     .await;
             }
             Err(error) => {
                 tracing::error!(%error, "outbox relay: store error; retrying");
                 stop.or(tokio::time::sleep(self.config.error_backoff)).await;
+            }
+        }
+    }
+
+    /// While the broker is down, probe it with capped backoff and jitter; when it
+    /// answers, let the claim loops go on.
+    async fn probe_broker(&self, stop: &Stop) {
+        let mut outage = None;
+        let mut probes = 0u32;
+        while !stop.is_triggered() {
+            let mut since = None;
+            stop.or(async { since = Some(self.broker.wait_down().await) })
+                .await;
+            let Some(since) = since else { break };
+            if outage != Some(since) {
+                outage = Some(since);
+                probes = 0;
+            }
+            probes = probes.saturating_add(1);
+            let pause = backoff(
+                self.config.broker_probe_min,
+                self.config.broker_probe_max,
+                probes,
+            );
+            stop.or(tokio::time::sleep(pause)).await;
+            if stop.is_triggered() {
+                break;
+            }
+            let limit = self.config.publish_timeout;
+            match tokio::time::timeout(limit, self.publisher.check()).await {
+                Ok(Ok(())) => {
+                    tracing::debug!(probes, "outbox relay: broker check passed; claiming again");
+                    self.broker.answered();
+                }
+                Ok(Err(error)) => {
+                    tracing::debug!(probes, %error, "outbox relay: broker check failed")
+                }
+                Err(_) => {
+                    tracing::debug!(
+                        probes,
+                        "outbox relay: broker check got no answer within {limit:?}"
+                    )
+                }
+            }
+        }
+    }
+
+    /// Log and export a change of the broker's state, once per change.
+    fn tell(&self, change: Change) {
+        match change {
+            Change::None => {}
+            Change::WentDown => {
+                metrics::gauge!(telemetry::BROKER_UP).set(0.0);
+                if let BrokerStatus::Down { reason, .. } = self.broker.status() {
+                    tracing::error!(
+                        error = %reason,
+                        "outbox relay: broker unavailable; claiming paused until it answers \
+                         (the outage counts no attempt against events)"
+                    );
+                }
+            }
+            Change::CameBack(outage) => {
+                metrics::gauge!(telemetry::BROKER_UP).set(1.0);
+                tracing::info!(
+                    outage_ms = u64::try_from(outage.as_millis()).unwrap_or(u64::MAX),
+                    "outbox relay: broker available again; claiming resumed"
+                );
             }
         }
     }
@@ -270,14 +381,29 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             claimed: events.len(),
             ..BatchReport::default()
         };
+        // One broker-wide failure makes the batch's retryable failures part of the
+        // outage too: none of them counts an attempt.
+        let outage = outcomes
+            .iter()
+            .flatten()
+            .filter_map(Outcome::error)
+            .find(|e| e.is_unavailable())
+            .map(|e| e.message.clone());
         let now = Utc::now();
         let decisions: Vec<Decision> = events
             .iter()
             .zip(outcomes)
             .map(|(event, outcome)| {
                 let decision = match outcome {
+                    Some(Outcome::Failed(error)) if outage.is_some() && error.is_retryable() => {
+                        report.deferred += 1;
+                        Decision::HeldBack
+                    }
                     Some(outcome) => self.decide(event, outcome),
-                    None => Decision::HeldBack,
+                    None => {
+                        report.held_back += 1;
+                        Decision::HeldBack
+                    }
                 };
                 match &decision {
                     Decision::Published => {
@@ -287,11 +413,18 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     }
                     Decision::Retry { .. } => report.retried += 1,
                     Decision::DeadLetter { .. } => report.dead_lettered += 1,
-                    Decision::HeldBack => report.held_back += 1,
+                    Decision::HeldBack => {}
                 }
                 decision
             })
             .collect();
+        // Told before recording, so that the other claim loops stop claiming sooner.
+        let change = match &outage {
+            Some(reason) => self.broker.failed(reason, Instant::now()),
+            None if report.published > 0 => self.broker.took_message(Instant::now()),
+            None => self.broker.settled(Instant::now()),
+        };
+        self.tell(change);
         claim.complete(decisions).await?;
 
         metrics::counter!(telemetry::EVENTS_PUBLISHED).increment(report.published as u64);
@@ -305,6 +438,9 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         self.stats
             .dead_lettered
             .fetch_add(report.dead_lettered as u64, Ordering::Relaxed);
+        self.stats
+            .deferred
+            .fetch_add(report.deferred as u64, Ordering::Relaxed);
         if report.held_back > 0 {
             metrics::counter!(telemetry::EVENTS_HELD_BACK).increment(report.held_back as u64);
             self.stats
@@ -316,6 +452,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             retried = report.retried,
             dead_lettered = report.dead_lettered,
             held_back = report.held_back,
+            deferred = report.deferred,
             "outbox batch recorded"
         );
         Ok(report)
@@ -351,40 +488,83 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             }
             let batch: Vec<Event> = wave.iter().map(|&i| events[i].clone()).collect();
             let results = self.publish_wave(&batch, deadline, timeout).await;
+            let outage = results
+                .iter()
+                .filter_map(Outcome::error)
+                .any(PublishError::is_unavailable);
             for (i, outcome) in wave.into_iter().zip(results) {
                 if outcome != Outcome::Published {
                     failed_runs[waves.run_of(i)] = true;
                 }
                 outcomes[i] = Some(outcome);
             }
+            if outage {
+                // The broker is down: later waves would fail the same way.
+                break;
+            }
         }
         outcomes
     }
 
     /// One publisher call, bounded by `deadline`; always one outcome per event.
+    ///
+    /// A wave in which nothing was published and some event failed retryably (a
+    /// wave that timed out as a whole, too) is checked ([`Publisher::check`]): if
+    /// the broker fails the check, the retryable failures were the broker's, not the
+    /// messages'. If it passes, they count as attempts: a message that makes every
+    /// publish hang still reaches its dead letter.
     async fn publish_wave(
         &self,
         events: &[Event],
         deadline: tokio::time::Instant,
         timeout: Duration,
     ) -> Vec<Outcome> {
-        // A timeout leaves no outcomes: every event counts as a retryable failure below.
-        let mut outcomes = tokio::time::timeout_at(deadline, self.publisher.publish(events))
-            .await
-            .unwrap_or_default();
-        if outcomes.len() != events.len() {
-            let reason = if outcomes.is_empty() {
-                format!("publish did not finish within {timeout:?}")
-            } else {
-                format!(
-                    "publisher returned {} outcomes for {} events",
-                    outcomes.len(),
-                    events.len()
-                )
+        let mut outcomes =
+            match tokio::time::timeout_at(deadline, self.publisher.publish(events)).await {
+                Ok(outcomes) => outcomes,
+                Err(_) => {
+                    let reason = format!("publish did not finish within {timeout:?}");
+                    vec![Outcome::retryable(reason); events.len()]
+                }
             };
+        if outcomes.len() != events.len() {
+            let reason = format!(
+                "publisher returned {} outcomes for {} events",
+                outcomes.len(),
+                events.len()
+            );
             outcomes.resize(events.len(), Outcome::retryable(reason));
+            return outcomes;
+        }
+        let all_failed = outcomes.iter().all(|o| o != &Outcome::Published);
+        let some_retryable = outcomes
+            .iter()
+            .filter_map(Outcome::error)
+            .any(|e| e.kind == FailureKind::Retryable);
+        if all_failed && some_retryable {
+            if let Some(reason) = self.broker_fails_check(timeout).await {
+                for outcome in &mut outcomes {
+                    if let Outcome::Failed(error) = outcome {
+                        if error.kind == FailureKind::Retryable {
+                            *outcome = Outcome::unavailable(format!(
+                                "{} (broker check: {reason})",
+                                error.message
+                            ));
+                        }
+                    }
+                }
+            }
         }
         outcomes
+    }
+
+    /// `Some(reason)` if the broker fails [`Publisher::check`] within `limit`.
+    async fn broker_fails_check(&self, limit: Duration) -> Option<String> {
+        match tokio::time::timeout(limit, self.publisher.check()).await {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error.message),
+            Err(_) => Some(format!("no answer within {limit:?}")),
+        }
     }
 
     fn decide(&self, event: &Event, outcome: Outcome) -> Decision {
@@ -411,6 +591,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 error.message
             )),
             FailureKind::Retryable => None,
+            // `process` defers an outage's events before deciding: never dead-lettered.
+            FailureKind::Unavailable => None,
         };
         match give_up {
             Some(error) => {

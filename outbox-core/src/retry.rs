@@ -57,15 +57,18 @@ impl RetryPolicy {
 
     /// Backoff before the next try of an event that has failed `attempts` times (>= 1).
     pub fn delay(&self, attempts: u32) -> Duration {
-        let exponent = attempts.saturating_sub(1).min(31);
-        let full = self
-            .base_delay
-            .saturating_mul(1u32 << exponent)
-            .min(self.max_delay);
-        let half = full / 2;
-        let jitter_nanos = u64::try_from((full - half).as_nanos()).unwrap_or(u64::MAX);
-        half + Duration::from_nanos(fastrand::u64(0..=jitter_nanos))
+        backoff(self.base_delay, self.max_delay, attempts)
     }
+}
+
+/// Capped exponential backoff with equal jitter after `attempts` (>= 1) failures: a
+/// random value between half and all of `min(max, base * 2^(attempts-1))`.
+pub fn backoff(base: Duration, max: Duration, attempts: u32) -> Duration {
+    let exponent = attempts.saturating_sub(1).min(31);
+    let full = base.saturating_mul(1u32 << exponent).min(max);
+    let half = full / 2;
+    let jitter_nanos = u64::try_from((full - half).as_nanos()).unwrap_or(u64::MAX);
+    half + Duration::from_nanos(fastrand::u64(0..=jitter_nanos))
 }
 
 #[cfg(test)]

@@ -13,6 +13,9 @@ pub const EVENTS_DEAD_LETTERED: &str = "outbox_events_dead_lettered_total";
 pub const EVENTS_HELD_BACK: &str = "outbox_events_held_back_total";
 /// Gauge: events waiting to be published, refreshed periodically by the relay.
 pub const EVENTS_PENDING: &str = "outbox_events_pending";
+/// Gauge: 1 while the broker takes messages, 0 during an outage (from the first
+/// broker-wide failure until a message goes through again).
+pub const BROKER_UP: &str = "outbox_broker_up";
 /// Histogram: seconds to publish and record one batch.
 pub const BATCH_DURATION: &str = "outbox_batch_duration_seconds";
 /// Histogram: seconds from an event's creation to its broker acknowledgement.
@@ -32,6 +35,10 @@ pub fn describe() {
         "Events held back behind a failed event of their aggregate"
     );
     describe_gauge!(EVENTS_PENDING, "Events waiting to be published");
+    describe_gauge!(
+        BROKER_UP,
+        "1 while the broker takes messages, 0 during an outage"
+    );
     describe_histogram!(
         BATCH_DURATION,
         Unit::Seconds,

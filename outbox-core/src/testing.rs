@@ -374,3 +374,53 @@ pub async fn drain<S: Store, P: Publisher>(
         }
     }
 }
+
+/// Check per-aggregate order on the consumer's side: in `arrivals` (message ids in
+/// the order they arrived, duplicates included), the first arrival of each id of a
+/// run in `runs` (one aggregate's ids in insertion order) comes in the run's order,
+/// and every id arrived. Returns what is wrong otherwise.
+pub fn check_first_arrivals(arrivals: &[Uuid], runs: &[Vec<Uuid>]) -> Result<(), String> {
+    let mut seen = HashSet::new();
+    let first: Vec<Uuid> = arrivals
+        .iter()
+        .copied()
+        .filter(|id| seen.insert(*id))
+        .collect();
+    for run in runs {
+        let members: HashSet<&Uuid> = run.iter().collect();
+        let got: Vec<Uuid> = first
+            .iter()
+            .copied()
+            .filter(|id| members.contains(id))
+            .collect();
+        if &got != run {
+            return Err(format!(
+                "first arrivals of a run: {got:?}, inserted as {run:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// For outage tests: wait (at most `limit`) until the relay sees the broker down,
+/// then keep the outage going for `outage` and check that the relay still sees it.
+pub async fn hold_outage(
+    health: &crate::BrokerHealth,
+    outage: std::time::Duration,
+    limit: std::time::Duration,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + limit;
+    while health.is_up() {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the relay did not see the broker down within {limit:?}"
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(outage).await;
+    if health.is_up() {
+        return Err(format!("the outage ended by itself: {:?}", health.status()));
+    }
+    Ok(())
+}

@@ -170,18 +170,20 @@ impl Publisher for KafkaPublisher {
         .await;
         match metadata {
             Ok(Ok(brokers)) if brokers > 0 => Ok(()),
-            Ok(Ok(_)) => Err(PublishError::retryable(
+            Ok(Ok(_)) => Err(PublishError::unavailable(
                 "kafka: the cluster reports no brokers",
             )),
-            Ok(Err(error)) => Err(PublishError::retryable(format!("kafka: {error}"))),
-            Err(error) => Err(PublishError::retryable(format!(
+            Ok(Err(error)) => Err(PublishError::unavailable(format!("kafka: {error}"))),
+            Err(error) => Err(PublishError::unavailable(format!(
                 "kafka: metadata check failed: {error}"
             ))),
         }
     }
 }
 
-/// Map a librdkafka error to the event's outcome.
+/// Map a librdkafka error to the event's outcome: permanent when the same message
+/// will be refused again, unavailable when the cluster as a whole failed, retryable
+/// otherwise.
 fn outcome(error: &KafkaError, topic: &str) -> Outcome {
     use RDKafkaErrorCode as C;
     let permanent = matches!(
@@ -198,9 +200,27 @@ fn outcome(error: &KafkaError, topic: &str) -> Outcome {
                 | C::PolicyViolation
         )
     );
+    // The cluster as a whole: no broker reachable, the message expired in the local
+    // queue (`message.timeout.ms`) because none took it, or the login was refused.
+    let unavailable = matches!(
+        error.rdkafka_error_code(),
+        Some(
+            C::AllBrokersDown
+                | C::BrokerTransportFailure
+                | C::Resolve
+                | C::MessageTimedOut
+                | C::BrokerNotAvailable
+                | C::NetworkException
+                | C::Authentication
+                | C::SaslAuthenticationFailed
+                | C::SSL
+        )
+    );
     let message = format!("kafka topic {topic}: {error}");
     if permanent {
         Outcome::permanent(message)
+    } else if unavailable {
+        Outcome::unavailable(message)
     } else {
         Outcome::retryable(message)
     }

@@ -123,6 +123,6 @@ async fn failed_event_holds_back_its_run() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn unreachable_broker_is_retryable() {
-    conformance::unreachable_broker_is_retryable(&Kafka::new()).await;
+async fn unreachable_broker_is_unavailable() {
+    conformance::unreachable_broker_is_unavailable(&Kafka::new()).await;
 }

@@ -217,7 +217,7 @@ impl NatsPublisher {
             Ok(permits) => permits,
             Err(_) => {
                 for outcome in outcomes.iter_mut() {
-                    *outcome = Some(Outcome::retryable("NATS publisher closed"));
+                    *outcome = Some(Outcome::unavailable("NATS publisher closed"));
                 }
                 return;
             }
@@ -266,15 +266,24 @@ impl Publisher for NatsPublisher {
         for (events, outcomes) in events.chunks(chunk).zip(outcomes.chunks_mut(chunk)) {
             self.publish_chunk(events, outcomes).await;
         }
+        // Failures that may pass, while the client has no connection, are the
+        // outage's, not the messages': the relay counts no attempt for them.
+        let connected = self.inner.client.connection_state() == State::Connected;
         outcomes
             .into_iter()
-            .map(|o| o.unwrap_or_else(|| Outcome::retryable("NATS: message was not sent")))
+            .map(|o| match o {
+                Some(Outcome::Failed(error)) if !connected && error.is_retryable() => {
+                    Outcome::unavailable(format!("{} ({})", error.message, self.state()))
+                }
+                Some(outcome) => outcome,
+                None => Outcome::retryable("NATS: message was not sent"),
+            })
             .collect()
     }
 
     async fn check(&self) -> Result<(), PublishError> {
         if self.inner.client.connection_state() != State::Connected {
-            return Err(PublishError::retryable(format!("NATS: {}", self.state())));
+            return Err(PublishError::unavailable(format!("NATS: {}", self.state())));
         }
         // The account INFO request proves JetStream answers; its body is not parsed
         // (its layout varies between server versions).
@@ -284,13 +293,13 @@ impl Publisher for NatsPublisher {
             .request::<_, _, Response<serde_json::Value>>("INFO", b"");
         match tokio::time::timeout(self.inner.timeout, info).await {
             Ok(Ok(Response::Ok(_))) => Ok(()),
-            Ok(Ok(Response::Err { error })) => Err(PublishError::retryable(format!(
+            Ok(Ok(Response::Err { error })) => Err(PublishError::unavailable(format!(
                 "NATS JetStream unavailable: {error}"
             ))),
-            Ok(Err(e)) => Err(PublishError::retryable(format!(
+            Ok(Err(e)) => Err(PublishError::unavailable(format!(
                 "NATS JetStream unavailable: {e}"
             ))),
-            Err(_) => Err(PublishError::retryable(format!(
+            Err(_) => Err(PublishError::unavailable(format!(
                 "NATS JetStream: no answer within {:?}",
                 self.inner.timeout
             ))),
@@ -298,13 +307,15 @@ impl Publisher for NatsPublisher {
     }
 }
 
-/// Permanent when the same message will be refused again; retryable otherwise.
+/// Permanent when the same message will be refused again; unavailable when the
+/// connection broke; retryable otherwise.
 fn classify(subject: &str, error: &jetstream::context::PublishError) -> PublishError {
     let text = format!("NATS publish to `{subject}`: {error}");
     match error.kind() {
         PublishErrorKind::MaxPayloadExceeded
         | PublishErrorKind::WrongLastMessageId
         | PublishErrorKind::WrongLastSequence => PublishError::permanent(text),
+        PublishErrorKind::BrokenPipe => PublishError::unavailable(text),
         PublishErrorKind::StreamNotFound => PublishError::retryable(format!(
             "{text} (no JetStream stream captures this subject; create one, e.g. with NatsPublisher::ensure_stream)"
         )),

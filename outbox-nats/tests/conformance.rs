@@ -24,5 +24,5 @@ suite!(
     republish_is_published,
     refused_message_fails_alone,
     failed_event_holds_back_its_run,
-    unreachable_broker_is_retryable,
+    unreachable_broker_is_unavailable,
 );

@@ -198,8 +198,12 @@ async fn republished_event_is_a_server_duplicate_and_consumed_once() {
     test.drop_schema().await.expect("drop schema");
 }
 
+/// A NATS outage longer than the whole retry schedule (3 attempts, 50-300 ms apart)
+/// counts no attempt and makes no dead letter: the relay pauses, probes, and sends
+/// everything in per-aggregate order once NATS is back. A message NATS refuses for
+/// good during the same outage is dead-lettered alone.
 #[tokio::test]
-async fn outage_keeps_events_in_the_outbox_until_nats_is_back() {
+async fn an_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
     let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
     let target = NatsTarget::new().await;
     let proxy = TcpProxy::start(nats_addr()).expect("proxy");
@@ -211,69 +215,93 @@ async fn outage_keeps_events_in_the_outbox_until_nats_is_back() {
         .await
         .expect("connect through the proxy");
     publisher.check().await.expect("connected");
-    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+    let mut config = relay_config();
+    config.retry = config.retry.max_attempts(3);
+    config.broker_probe_min = Duration::from_millis(100);
+    config.broker_probe_max = Duration::from_millis(500);
+    let relay = Relay::new(test.store(), publisher).with_config(config);
+    let health = relay.broker_health();
 
     proxy.cut();
+    // Two events on each of five orders, interleaved; and one too large for NATS.
     let events: Vec<NewEvent> = (0..10)
         .map(|i| {
             NewEvent::new(
                 "order",
-                format!("o-{i}"),
-                "order.created",
+                format!("o-{}", i % 5),
+                "order.changed",
                 &serde_json::json!({"i": i}),
             )
         })
         .collect();
+    let big = NewEvent::new(
+        "order",
+        "big",
+        "order.created",
+        &serde_json::json!({"blob": "x".repeat(1_200_000)}),
+    );
     enqueue(&test, &events).await;
+    enqueue(&test, std::slice::from_ref(&big)).await;
     let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
     let table = events_table(&test);
+    let attempts = |id: Uuid| {
+        let pool = test.pool.clone();
+        let table = table.clone();
+        async move {
+            sqlx::query_scalar::<_, i32>(&format!("SELECT attempts FROM {table} WHERE id = $1"))
+                .bind(id)
+                .fetch_optional(&pool)
+                .await
+                .expect("attempts")
+        }
+    };
 
-    let counts = with_relay(&relay, async {
-        // Every event fails at least once, with the error recorded, and stays pending.
-        wait_until("failed attempts recorded", || async {
-            let failed: i64 = sqlx::query_scalar(&format!(
-                "SELECT count(*) FROM {table} WHERE attempts > 0 AND last_error IS NOT NULL \
-                 AND processed_at IS NULL AND dead_at IS NULL"
-            ))
-            .fetch_one(&test.pool)
+    let order = with_relay(&relay, async {
+        // Outlast the retry schedule many times over.
+        outbox_core::testing::hold_outage(&health, Duration::from_secs(4), DEADLINE)
             .await
-            .expect("count");
-            failed == ids.len() as i64
-        })
-        .await;
+            .expect("an outage the relay sees");
+        for id in &ids {
+            assert_eq!(
+                attempts(*id).await,
+                Some(0),
+                "the outage counted an attempt"
+            );
+        }
         assert!(
             relay.publisher().check().await.is_err(),
             "check must fail during the outage"
         );
-        let error: String = sqlx::query_scalar(&format!("SELECT last_error FROM {table} LIMIT 1"))
-            .fetch_one(&test.pool)
-            .await
-            .expect("last error");
-        assert!(error.contains("NATS"), "last error: {error}");
 
         proxy.restore();
-        let counts = receive_all(&target, &ids).await.1;
-        // Sends buffered by the client during the outage may reach the stream before
-        // the relay's retry: the outbox empties when the retries are acknowledged
-        // (as duplicates).
+        let order = receive_all(&target, &ids).await.0;
         wait_until("an empty outbox", || async {
             relay.store().pending().await.expect("pending") == 0
         })
         .await;
-        counts
+        wait_until("the relay sees NATS up", || async { health.is_up() }).await;
+        order
     })
     .await;
 
-    assert_eq!(counts.len(), ids.len());
-    let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
-    assert_eq!(
-        dead.count(&DeadLetterFilter::default())
-            .await
-            .expect("count"),
-        0
-    );
-    // Sends buffered during the outage and the relay's retries are deduplicated.
+    // Every event once in the stream (sends the client buffered during the outage
+    // and the relay's sends are deduplicated by event id), in per-aggregate order.
     assert_eq!(target.stored().await, ids.len() as u64);
+    let runs: Vec<Vec<Uuid>> = (0..5).map(|a| vec![ids[a], ids[a + 5]]).collect();
+    outbox_core::testing::check_first_arrivals(&order, &runs).expect("per-aggregate order");
+    let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
+    let dead_ids: Vec<Uuid> = dead
+        .list(&DeadLetterFilter::default(), 10)
+        .await
+        .expect("dead letters")
+        .iter()
+        .map(|d| d.event.id)
+        .collect();
+    assert_eq!(
+        dead_ids,
+        vec![big.id],
+        "only the oversized event is a dead letter"
+    );
     target.delete().await;
     test.drop_schema().await.expect("drop schema");
 }

@@ -61,11 +61,13 @@ pub(crate) const RELEASED_RUN: i32 = 16;
 pub enum AfterDeadLetter {
     /// The next event of the aggregate becomes publishable: one poison event does not
     /// stall its aggregate, at the price of a gap (and, if the dead letter is retried
-    /// later, of that event arriving after its followers). The default.
-    #[default]
+    /// later, of that event arriving after its followers).
     Release,
     /// The aggregate stays blocked until an operator retries or purges the dead letter:
-    /// order is never broken, but the aggregate's later events wait.
+    /// order is never broken, but the aggregate's later events wait. The default:
+    /// a dead letter now means a message the broker refused (a broker outage makes
+    /// none), and consumers of a payment's events must not see them out of order.
+    #[default]
     Block,
 }
 

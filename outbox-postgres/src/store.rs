@@ -62,7 +62,7 @@ pub struct StoreConfig {
     /// relays of one outbox must use the same setting.
     pub ordering: bool,
     /// Followers of a dead-lettered event, when ordering is on. Defaults to
-    /// [`AfterDeadLetter::Release`].
+    /// [`AfterDeadLetter::Block`].
     pub after_dead_letter: AfterDeadLetter,
     /// Delete or keep published rows. Defaults to [`Retention::Delete`].
     pub retention: Retention,
@@ -83,7 +83,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             ordering: true,
-            after_dead_letter: AfterDeadLetter::Release,
+            after_dead_letter: AfterDeadLetter::Block,
             retention: Retention::Delete,
             synchronous_commit: true,
         }

@@ -116,8 +116,16 @@ async fn poison_events_end_dead_and_all_healthy_events_are_published() {
     }));
     let mut config = fast_config();
     config.retry = config.retry.max_attempts(4);
+    // Release: the followers of a poison event go on (the default, Block, would keep
+    // them pending until an operator acts; `dead_letter_releases_or_blocks_...`).
+    let store = || {
+        db.store().with_config(outbox_postgres::StoreConfig {
+            after_dead_letter: outbox_postgres::AfterDeadLetter::Release,
+            ..outbox_postgres::StoreConfig::default()
+        })
+    };
     let relays: Vec<_> = (0..2)
-        .map(|_| Relay::new(db.store(), Arc::clone(&publisher)).with_config(config.clone()))
+        .map(|_| Relay::new(store(), Arc::clone(&publisher)).with_config(config.clone()))
         .collect();
     run_all(
         &relays,

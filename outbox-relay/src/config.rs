@@ -156,6 +156,7 @@ pub(crate) struct RelaySection {
     pub(crate) after_dead_letter: AfterDead,
     pub(crate) pending_refresh: Dur,
     pub(crate) error_backoff: Dur,
+    pub(crate) broker_probe_max: Dur,
     pub(crate) shutdown_timeout: Dur,
     pub(crate) wakeup: WakeupMode,
     pub(crate) notify_url: Option<String>,
@@ -171,9 +172,10 @@ impl Default for RelaySection {
             poll_interval: Dur(core.poll_interval),
             publish_timeout: Dur(core.publish_timeout),
             ordering: true,
-            after_dead_letter: AfterDead::Release,
+            after_dead_letter: AfterDead::Block,
             pending_refresh: Dur(core.pending_refresh),
             error_backoff: Dur(core.error_backoff),
+            broker_probe_max: Dur(core.broker_probe_max),
             shutdown_timeout: Dur::secs(30),
             wakeup: WakeupMode::Adaptive,
             notify_url: None,
@@ -522,6 +524,7 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
         ("relay.poll_interval", r.poll_interval),
         ("relay.publish_timeout", r.publish_timeout),
         ("relay.pending_refresh", r.pending_refresh),
+        ("relay.broker_probe_max", r.broker_probe_max),
         ("relay.shutdown_timeout", r.shutdown_timeout),
         (
             "retention.cleanup_interval",
@@ -619,6 +622,10 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
         workers: r.workers,
         pending_refresh: r.pending_refresh.0,
         error_backoff: r.error_backoff.0,
+        broker_probe_min: RelayConfig::default()
+            .broker_probe_min
+            .min(r.broker_probe_max.0),
+        broker_probe_max: r.broker_probe_max.0,
     };
     let store = StoreConfig {
         ordering: r.ordering,

@@ -271,7 +271,8 @@ async fn dead_letters(outbox: &TestOutbox, event_type: &str, n: usize) -> Vec<Uu
         .map(|i| {
             NewEvent::new(
                 "payment",
-                format!("p{i}"),
+                // Aggregates of their own: a dead letter blocks its aggregate's next events.
+                format!("{event_type}-{i}"),
                 event_type,
                 &serde_json::json!({}),
             )

@@ -289,8 +289,8 @@ impl Publisher for SqsPublisher {
                 .map(|_| ())
                 .map_err(|e| classify(&e, "ListQueues")),
         };
-        // Readiness: any failure means "not ready now".
-        result.map_err(|e| PublishError::retryable(e.message))
+        // Readiness and the relay's outage probe: any failure means "not ready now".
+        result.map_err(|e| PublishError::unavailable(e.message))
     }
 }
 
@@ -318,7 +318,9 @@ fn is_throttling(code: &str) -> bool {
     code.contains("Throttl") || code == "RequestThrottled" || code == "SlowDown"
 }
 
-/// Map an SDK error: missing or invalid queue is permanent, everything else retryable.
+/// Map an SDK error: a missing or invalid queue is permanent; no answer from the
+/// endpoint (connection, timeout), refused credentials and an unavailable service
+/// are the broker's failure (unavailable); everything else is retryable.
 fn classify<E, R>(error: &SdkError<E, R>, what: &str) -> PublishError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
@@ -349,8 +351,25 @@ where
             | "InvalidAddress"
             | "AWS.SimpleQueueService.InvalidAddress"
     );
+    let no_answer = matches!(
+        error,
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_)
+    );
+    let refused_or_down = matches!(
+        code,
+        "InvalidClientTokenId"
+            | "UnrecognizedClientException"
+            | "SignatureDoesNotMatch"
+            | "InvalidSignatureException"
+            | "IncompleteSignature"
+            | "MissingAuthenticationToken"
+            | "ExpiredToken"
+            | "ServiceUnavailable"
+    );
     if missing_queue {
         PublishError::permanent(message)
+    } else if no_answer || refused_or_down {
+        PublishError::unavailable(message)
     } else {
         PublishError::retryable(message)
     }

@@ -105,6 +105,6 @@ async fn failed_event_holds_back_its_run() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn unreachable_broker_is_retryable() {
-    conformance::unreachable_broker_is_retryable(&Sqs::new().await).await;
+async fn unreachable_broker_is_unavailable() {
+    conformance::unreachable_broker_is_unavailable(&Sqs::new().await).await;
 }

@@ -290,7 +290,18 @@ async fn broker_outage_keeps_events_until_recovery() {
         .unwrap();
     let relay = Relay::new(db.store(), down).with_config(relay_config());
     let report = relay.run_once().await.unwrap();
-    assert_eq!(report.retried, 8, "{report:?}");
+    // No answer from the endpoint: an outage, which counts no attempt.
+    assert_eq!((report.retried, report.deferred), (0, 8), "{report:?}");
+    assert!(!relay.broker_health().is_up(), "the relay saw the outage");
+    let attempts: i64 = sqlx::query_scalar(&format!(
+        "SELECT coalesce(sum(attempts), 0) FROM {}.{}",
+        db.tables.schema().quoted(),
+        db.tables.events().quoted()
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(attempts, 0, "the outage counted attempts");
     assert_eq!(
         relay.store().pending().await.unwrap(),
         8,

@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use outbox_core::{Liveness, Publisher};
+use outbox_core::{BrokerHealth, BrokerStatus, Liveness, Publisher};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
@@ -25,6 +25,7 @@ struct Endpoint {
     check_timeout: Duration,
     liveness: Arc<Liveness>,
     stuck_after: Duration,
+    broker_health: Arc<BrokerHealth>,
 }
 
 /// What `/healthz` and `/readyz` look at besides the connections.
@@ -32,6 +33,7 @@ pub(crate) struct Probes {
     pub(crate) check_timeout: Duration,
     pub(crate) liveness: Arc<Liveness>,
     pub(crate) stuck_after: Duration,
+    pub(crate) broker_health: Arc<BrokerHealth>,
 }
 
 /// Bind now (so a taken port fails the start), serve until `stop` completes.
@@ -61,6 +63,7 @@ pub(crate) async fn serve(
             check_timeout: probes.check_timeout,
             liveness: probes.liveness,
             stuck_after: probes.stuck_after,
+            broker_health: probes.broker_health,
         });
     if let Err(error) = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
@@ -102,11 +105,16 @@ fn round_to_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Ready when the database answers and the broker is reachable.
+/// Ready when the database answers, the broker is reachable, and the relay is not
+/// in a broker outage (claiming paused until its probe passes and a message goes
+/// through).
 async fn ready(State(endpoint): State<Endpoint>) -> impl IntoResponse {
     let limit = endpoint.check_timeout;
     let database = async {
-        match tokio::time::timeout(limit, sqlx::query("SELECT 1").execute(&endpoint.pool)).await {
+        // A simple query: also answers through a transaction-pooling proxy, where
+        // an extended-protocol statement's round trips may meet different servers.
+        let select = sqlx::raw_sql("SELECT 1").execute(&endpoint.pool);
+        match tokio::time::timeout(limit, select).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(format!("database: {e}")),
             Err(_) => Err(format!("database: no answer within {limit:?}")),
@@ -119,8 +127,19 @@ async fn ready(State(endpoint): State<Endpoint>) -> impl IntoResponse {
             Err(_) => Err(format!("broker: no answer within {limit:?}")),
         }
     };
+    let outage = match endpoint.broker_health.status() {
+        BrokerStatus::Up => Ok(()),
+        BrokerStatus::Down { since, reason } => Err(format!(
+            "relay: broker unavailable for {} ({reason}); claiming paused",
+            humantime::format_duration(round_to_ms(since.elapsed()))
+        )),
+        BrokerStatus::Recovering { since, reason } => Err(format!(
+            "relay: broker answers again after {} ({reason}); no message through yet",
+            humantime::format_duration(round_to_ms(since.elapsed()))
+        )),
+    };
     let (database, broker) = tokio::join!(database, broker);
-    let problems: Vec<String> = [database, broker]
+    let problems: Vec<String> = [database, broker, outage]
         .into_iter()
         .filter_map(Result::err)
         .collect();

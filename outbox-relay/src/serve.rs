@@ -48,6 +48,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
                 check_timeout: settings.check_timeout,
                 liveness: relay.liveness(),
                 stuck_after: settings.stuck_after,
+                broker_health: relay.broker_health(),
             },
             stopped(stop_rx.clone()),
         ));

@@ -28,7 +28,11 @@ pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool,
         options.get_port(),
         options.get_database().unwrap_or("")
     );
-    options = options.application_name("outbox");
+    // Named in pg_stat_activity, so an operator can tell the relay's sessions apart
+    // (and terminate them); `?application_name=` in the URL names them otherwise.
+    if options.get_application_name().is_none() {
+        options = options.application_name("outbox");
+    }
     if let (Role::Relay, Some(timeout)) = (role, db.claim_timeout) {
         // A relay cut off mid-batch must not keep its rows locked for longer.
         let millis = timeout.as_millis().max(1).to_string();

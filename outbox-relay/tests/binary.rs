@@ -2,104 +2,22 @@
 //! its own schema.
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
+mod common;
+
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Output;
 use std::time::{Duration, Instant};
+
+use common::{
+    command, dead_count, free_port, get, pending_ids, sample, wait_until_drained, Config,
+    RelayProcess,
+};
 
 use outbox_core::testing::RecordingPublisher;
 use outbox_core::{NewEvent, PublishError, Relay};
 use outbox_postgres::testing::{database_url, TestOutbox};
 use uuid::Uuid;
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox");
-
-/// Variables of the binary that the surrounding environment must not leak into tests.
-const OUTBOX_VARS: &[&str] = &[
-    "OUTBOX_CONFIG",
-    "OUTBOX_LOG",
-    "OUTBOX_LOG_FORMAT",
-    "OUTBOX_DATABASE_URL",
-    "OUTBOX_DATABASE_MAX_CONNECTIONS",
-    "OUTBOX_SCHEMA",
-    "OUTBOX_EVENTS_TABLE",
-    "OUTBOX_INBOX_TABLE",
-    "OUTBOX_BROKER",
-    "OUTBOX_BATCH_SIZE",
-    "OUTBOX_WORKERS",
-    "OUTBOX_POLL_INTERVAL",
-    "OUTBOX_PUBLISH_TIMEOUT",
-    "OUTBOX_ORDERING",
-    "OUTBOX_SHUTDOWN_TIMEOUT",
-    "OUTBOX_WAKEUP",
-    "OUTBOX_MAX_ATTEMPTS",
-    "OUTBOX_RETENTION",
-    "OUTBOX_HTTP_LISTEN",
-    "OUTBOX_HTTP_STUCK_AFTER",
-    "RUST_LOG",
-];
-
-/// A config file in a temporary directory.
-struct Config {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-}
-
-impl Config {
-    fn new(text: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("outbox.toml");
-        std::fs::write(&path, text).expect("write config");
-        Self { _dir: dir, path }
-    }
-
-    /// A working config for `schema`, HTTP on `listen` ("0" for none).
-    fn for_schema(schema: &str, listen: &str) -> Self {
-        Self::new(&format!(
-            r#"
-[database]
-url = "{url}"
-connect_timeout = "5s"
-
-[tables]
-schema = "{schema}"
-
-[relay]
-batch_size = 50
-workers = 2
-poll_interval = "50ms"
-pending_refresh = "200ms"
-shutdown_timeout = "20s"
-
-[retry]
-max_attempts = 3
-base_delay = "100ms"
-max_delay = "1s"
-
-[http]
-listen = "{listen}"
-stats_refresh = "200ms"
-
-[broker]
-kind = "stdout"
-"#,
-            url = database_url()
-        ))
-    }
-}
-
-fn command(config: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    for var in OUTBOX_VARS {
-        cmd.env_remove(var);
-    }
-    cmd.arg("--config").arg(config).args(args);
-    cmd.stdin(Stdio::null());
-    cmd
-}
 
 fn run(config: &Path, args: &[&str]) -> Output {
     command(config, args).output().expect("run outbox")
@@ -120,115 +38,6 @@ fn ok(config: &Path, args: &[&str]) -> String {
     text(&out.stdout)
 }
 
-/// A relay process; its stdout (the stdout broker's JSON lines) is collected.
-struct RelayProcess {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RelayProcess {
-    fn start(config: &Path) -> Self {
-        Self::spawn(command(config, &["relay"]))
-    }
-
-    fn spawn(mut command: Command) -> Self {
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn relay");
-        let stdout = child.stdout.take().expect("stdout");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&lines);
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Self {
-            child,
-            lines,
-            reader: Some(reader),
-        }
-    }
-
-    fn published_ids(&self) -> Vec<Uuid> {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).expect("JSON line");
-                v["id"].as_str().expect("id").parse().expect("uuid")
-            })
-            .collect()
-    }
-
-    /// SIGTERM, then the exit status within `limit`.
-    fn terminate(mut self, limit: Duration) -> (std::process::ExitStatus, Vec<Uuid>) {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill");
-        assert!(sent.success());
-        let deadline = Instant::now() + limit;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("relay did not exit within {limit:?} of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        if let Some(reader) = self.reader.take() {
-            reader.join().expect("reader");
-        }
-        (status, self.published_ids())
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// GET `path`; (status, body), or None while nothing listens.
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
-
-/// Value of an unlabelled sample in Prometheus text.
-fn sample(metrics: &str, name: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| {
-        let (key, value) = line.split_once(' ')?;
-        (key == name).then(|| value.trim().parse().ok())?
-    })
-}
-
 async fn enqueue(outbox: &TestOutbox, n: usize) -> Vec<Uuid> {
     let events: Vec<NewEvent> = (0..n)
         .map(|i| {
@@ -244,25 +53,6 @@ async fn enqueue(outbox: &TestOutbox, n: usize) -> Vec<Uuid> {
     let ids = outbox.outbox.enqueue_many(&mut tx, &events).await.unwrap();
     tx.commit().await.unwrap();
     ids
-}
-
-async fn pending_ids(outbox: &TestOutbox) -> Vec<Uuid> {
-    sqlx::query_scalar(&format!(
-        "SELECT id FROM {}.{} WHERE processed_at IS NULL AND dead_at IS NULL",
-        outbox.tables.schema().quoted(),
-        outbox.tables.events().quoted()
-    ))
-    .fetch_all(&outbox.pool)
-    .await
-    .unwrap()
-}
-
-async fn wait_until_drained(outbox: &TestOutbox, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while !pending_ids(outbox).await.is_empty() {
-        assert!(Instant::now() < deadline, "outbox not drained in {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Dead-letter `n` events (permanent failure) with an in-process relay.
@@ -288,17 +78,6 @@ async fn dead_letters(outbox: &TestOutbox, event_type: &str, n: usize) -> Vec<Uu
     let report = relay.run_once().await.unwrap();
     assert_eq!(report.dead_lettered, n);
     ids
-}
-
-async fn dead_count(outbox: &TestOutbox) -> i64 {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {}.{}",
-        outbox.tables.schema().quoted(),
-        outbox.tables.dead_letters().quoted()
-    ))
-    .fetch_one(&outbox.pool)
-    .await
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]

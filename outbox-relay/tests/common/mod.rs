@@ -1,0 +1,300 @@
+//! Shared by the tests that run the `outbox` binary as a process against the real
+//! PostgreSQL: config files, relay processes, the HTTP endpoints, the outbox table.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_postgres::testing::{database_url, TestOutbox};
+use uuid::Uuid;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+/// Variables of the binary that the surrounding environment must not leak into tests.
+pub const OUTBOX_VARS: &[&str] = &[
+    "OUTBOX_CONFIG",
+    "OUTBOX_LOG",
+    "OUTBOX_LOG_FORMAT",
+    "OUTBOX_DATABASE_URL",
+    "OUTBOX_DATABASE_MAX_CONNECTIONS",
+    "OUTBOX_SCHEMA",
+    "OUTBOX_EVENTS_TABLE",
+    "OUTBOX_INBOX_TABLE",
+    "OUTBOX_BROKER",
+    "OUTBOX_BATCH_SIZE",
+    "OUTBOX_WORKERS",
+    "OUTBOX_POLL_INTERVAL",
+    "OUTBOX_PUBLISH_TIMEOUT",
+    "OUTBOX_ORDERING",
+    "OUTBOX_SHUTDOWN_TIMEOUT",
+    "OUTBOX_WAKEUP",
+    "OUTBOX_MAX_ATTEMPTS",
+    "OUTBOX_RETENTION",
+    "OUTBOX_HTTP_LISTEN",
+    "OUTBOX_HTTP_STUCK_AFTER",
+    "RUST_LOG",
+];
+
+/// A config file in a temporary directory.
+pub struct Config {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+impl Config {
+    pub fn new(text: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("outbox.toml");
+        std::fs::write(&path, text).expect("write config");
+        Self { _dir: dir, path }
+    }
+
+    /// A working config for `schema`, HTTP on `listen` ("0" for none).
+    pub fn for_schema(schema: &str, listen: &str) -> Self {
+        Self::new(&format!(
+            r#"
+[database]
+url = "{url}"
+connect_timeout = "5s"
+
+[tables]
+schema = "{schema}"
+
+[relay]
+batch_size = 50
+workers = 2
+poll_interval = "50ms"
+pending_refresh = "200ms"
+shutdown_timeout = "20s"
+
+[retry]
+max_attempts = 3
+base_delay = "100ms"
+max_delay = "1s"
+
+[http]
+listen = "{listen}"
+stats_refresh = "200ms"
+
+[broker]
+kind = "stdout"
+"#,
+            url = database_url()
+        ))
+    }
+}
+
+pub fn command(config: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    for var in OUTBOX_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.arg("--config").arg(config).args(args);
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// A relay process: its stdout (the stdout broker's JSON lines) and its stderr (the
+/// log) are collected; the log is printed when a test fails with the process alive.
+pub struct RelayProcess {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    log: Log,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// The lines a relay process wrote to stderr so far.
+#[derive(Clone, Default)]
+pub struct Log(Arc<Mutex<Vec<String>>>);
+
+impl Log {
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Lines containing `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+}
+
+/// Collect the lines of `source` into `sink` on a thread of their own.
+fn collect(
+    source: impl Read + Send + 'static,
+    sink: Arc<Mutex<Vec<String>>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(source).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    })
+}
+
+impl RelayProcess {
+    pub fn start(config: &Path) -> Self {
+        Self::spawn(command(config, &["relay"]))
+    }
+
+    pub fn spawn(mut command: Command) -> Self {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn relay");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let log = Log::default();
+        let readers = vec![
+            collect(child.stdout.take().expect("stdout"), Arc::clone(&lines)),
+            collect(child.stderr.take().expect("stderr"), Arc::clone(&log.0)),
+        ];
+        Self {
+            child,
+            lines,
+            log,
+            readers,
+        }
+    }
+
+    /// Its stderr, also readable after the process ended.
+    pub fn log(&self) -> Log {
+        self.log.clone()
+    }
+
+    pub fn published_ids(&self) -> Vec<Uuid> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("JSON line");
+                v["id"].as_str().expect("id").parse().expect("uuid")
+            })
+            .collect()
+    }
+
+    /// SIGTERM, then the exit status within `limit`.
+    pub fn terminate(mut self, limit: Duration) -> (std::process::ExitStatus, Vec<Uuid>) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "relay did not exit within {limit:?} of SIGTERM; its log:\n{}",
+                    self.log.lines().join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        self.join_readers();
+        (status, self.published_ids())
+    }
+
+    /// SIGKILL: no shutdown, as in a crash or an OOM kill.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("wait");
+        self.join_readers();
+    }
+
+    fn join_readers(&mut self) {
+        for reader in self.readers.drain(..) {
+            reader.join().expect("reader");
+        }
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let lines = self.log.lines();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!(
+                "relay {} log (last {} lines):\n{}",
+                self.child.id(),
+                tail.len(),
+                tail.join("\n")
+            );
+        }
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// GET `path`; (status, body), or None while nothing listens.
+pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// Value of an unlabelled sample in Prometheus text.
+pub fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == name).then(|| value.trim().parse().ok())?
+    })
+}
+
+pub async fn pending_ids(outbox: &TestOutbox) -> Vec<Uuid> {
+    sqlx::query_scalar(&format!(
+        "SELECT id FROM {}.{} WHERE processed_at IS NULL AND dead_at IS NULL",
+        outbox.tables.schema().quoted(),
+        outbox.tables.events().quoted()
+    ))
+    .fetch_all(&outbox.pool)
+    .await
+    .unwrap()
+}
+
+pub async fn wait_until_drained(outbox: &TestOutbox, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while !pending_ids(outbox).await.is_empty() {
+        assert!(Instant::now() < deadline, "outbox not drained in {limit:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn dead_count(outbox: &TestOutbox) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}.{}",
+        outbox.tables.schema().quoted(),
+        outbox.tables.dead_letters().quoted()
+    ))
+    .fetch_one(&outbox.pool)
+    .await
+    .unwrap()
+}

@@ -173,9 +173,12 @@ pub(crate) enum DeadLettersCommand {
     Show {
         /// The event id.
         id: Uuid,
-        /// As one JSON object.
+        /// As one JSON object (with the whole payload).
         #[arg(long)]
         json: bool,
+        /// The whole payload, however large (by default at most 4 KiB of it).
+        #[arg(long)]
+        full: bool,
     },
     /// Make dead letters publishable again (attempts reset, due now).
     Retry {
@@ -215,7 +218,7 @@ pub(crate) async fn dead_letters(
             limit,
             json,
         } => list(&admin, &filter.filter(), limit, json).await,
-        DeadLettersCommand::Show { id, json } => show(&admin, id, json).await,
+        DeadLettersCommand::Show { id, json, full } => show(&admin, id, json, full).await,
         DeadLettersCommand::Retry {
             filter,
             dry_run,
@@ -263,7 +266,28 @@ async fn list(
     Ok(())
 }
 
-async fn show(admin: &DeadLetters, id: Uuid, as_json: bool) -> Result<(), Failure> {
+/// Most payload bytes `dead-letters show` prints without `--full`: a dead letter
+/// may be one because it is megabytes large.
+const SHOWN_PAYLOAD: usize = 4096;
+
+/// `payload`, cut to at most `limit` bytes (at a character boundary) with a note
+/// saying how large it is.
+fn shown_payload(payload: &str, limit: usize) -> String {
+    if payload.len() <= limit {
+        return payload.to_string();
+    }
+    let mut end = limit;
+    while !payload.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}... ({} bytes in all; --full or --json for the whole payload)",
+        &payload[..end],
+        payload.len()
+    )
+}
+
+async fn show(admin: &DeadLetters, id: Uuid, as_json: bool, full: bool) -> Result<(), Failure> {
     let letter = admin
         .show(id)
         .await
@@ -291,7 +315,8 @@ async fn show(admin: &DeadLetters, id: Uuid, as_json: bool) -> Result<(), Failur
         "headers         {}",
         serde_json::to_string(&e.headers).unwrap_or_default()
     );
-    println!("payload         {}", e.payload.get());
+    let limit = if full { usize::MAX } else { SHOWN_PAYLOAD };
+    println!("payload         {}", shown_payload(e.payload.get(), limit));
     Ok(())
 }
 
@@ -424,12 +449,21 @@ fn to_json(letter: &DeadLetter) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
-    use super::clip;
+    use super::{clip, shown_payload};
 
     #[test]
     fn clip_cuts_and_flattens() {
         assert_eq!(clip("abc", 5), "abc");
         assert_eq!(clip("abcdef", 4), "abc…");
         assert_eq!(clip("a\nb", 5), "a b");
+    }
+
+    #[test]
+    fn a_large_payload_is_cut_at_a_character_with_its_size() {
+        assert_eq!(shown_payload("{}", 10), "{}");
+        let payload = format!("\"{}\"", "é".repeat(10));
+        let shown = shown_payload(&payload, 4);
+        assert!(shown.starts_with("\"é..."), "{shown}");
+        assert!(shown.contains("22 bytes in all"), "{shown}");
     }
 }

@@ -14,31 +14,6 @@ use uuid::Uuid;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 
-/// Variables of the binary that the surrounding environment must not leak into tests.
-pub const OUTBOX_VARS: &[&str] = &[
-    "OUTBOX_CONFIG",
-    "OUTBOX_LOG",
-    "OUTBOX_LOG_FORMAT",
-    "OUTBOX_DATABASE_URL",
-    "OUTBOX_DATABASE_MAX_CONNECTIONS",
-    "OUTBOX_SCHEMA",
-    "OUTBOX_EVENTS_TABLE",
-    "OUTBOX_INBOX_TABLE",
-    "OUTBOX_BROKER",
-    "OUTBOX_BATCH_SIZE",
-    "OUTBOX_WORKERS",
-    "OUTBOX_POLL_INTERVAL",
-    "OUTBOX_PUBLISH_TIMEOUT",
-    "OUTBOX_ORDERING",
-    "OUTBOX_SHUTDOWN_TIMEOUT",
-    "OUTBOX_WAKEUP",
-    "OUTBOX_MAX_ATTEMPTS",
-    "OUTBOX_RETENTION",
-    "OUTBOX_HTTP_LISTEN",
-    "OUTBOX_HTTP_STUCK_AFTER",
-    "RUST_LOG",
-];
-
 /// A config file in a temporary directory.
 pub struct Config {
     _dir: tempfile::TempDir,
@@ -90,9 +65,14 @@ kind = "stdout"
 
 pub fn command(config: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
-    for var in OUTBOX_VARS {
-        cmd.env_remove(var);
+    // The binary's variables (OUTBOX_*, e.g. OUTBOX_NATS_URL, which scripts/test.sh
+    // exports) override the config file: none may leak in from the test's environment.
+    for (var, _) in std::env::vars_os() {
+        if var.to_string_lossy().starts_with("OUTBOX_") {
+            cmd.env_remove(var);
+        }
     }
+    cmd.env_remove("RUST_LOG");
     cmd.arg("--config").arg(config).args(args);
     cmd.stdin(Stdio::null());
     cmd

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use futures_util::StreamExt;
 
-use common::{dead_count, free_port, get, pending_ids, sample, Config, RelayProcess};
+use common::{dead_count, free_port, get, sample, wait_until_drained, Config, RelayProcess};
 use outbox_core::conformance::proxy::TcpProxy;
 use outbox_core::testing::check_first_arrivals;
 use outbox_core::NewEvent;
@@ -244,21 +244,6 @@ async fn wait_for(what: &str, limit: Duration, mut condition: impl FnMut() -> bo
     let deadline = Instant::now() + limit;
     while !condition() {
         assert!(Instant::now() < deadline, "no {what} within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn wait_until_drained(outbox: &TestOutbox, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = pending_ids(outbox).await.len();
-        if left == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{left} events still pending after {limit:?}"
-        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -262,8 +262,15 @@ pub async fn pending_ids(outbox: &TestOutbox) -> Vec<Uuid> {
 
 pub async fn wait_until_drained(outbox: &TestOutbox, limit: Duration) {
     let deadline = Instant::now() + limit;
-    while !pending_ids(outbox).await.is_empty() {
-        assert!(Instant::now() < deadline, "outbox not drained in {limit:?}");
+    loop {
+        let left = pending_ids(outbox).await.len();
+        if left == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "outbox not drained in {limit:?}: {left} events pending"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -51,6 +51,10 @@ pub struct RelayConfig {
     pub broker_probe_min: Duration,
     /// Longest pause between two probes of a broker that is down. Defaults to 30 s.
     pub broker_probe_max: Duration,
+    /// Distinct event types that get their own `event_type` label on the failure
+    /// counters; later ones are counted as `other` ([`telemetry::EventTypeLabels`]).
+    /// Defaults to 100.
+    pub event_type_labels: usize,
 }
 
 impl Default for RelayConfig {
@@ -65,6 +69,7 @@ impl Default for RelayConfig {
             error_backoff: Duration::from_secs(1),
             broker_probe_min: Duration::from_millis(500),
             broker_probe_max: Duration::from_secs(30),
+            event_type_labels: 100,
         }
     }
 }
@@ -152,6 +157,7 @@ pub struct Relay<S, P> {
     stats: Arc<RelayStats>,
     liveness: Arc<Liveness>,
     broker: Arc<BrokerHealth>,
+    event_types: Arc<telemetry::EventTypeLabels>,
 }
 
 impl<S: Store, P: Publisher> Relay<S, P> {
@@ -164,6 +170,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             stats: Arc::default(),
             liveness: Arc::default(),
             broker: Arc::default(),
+            event_types: Arc::default(),
         }
     }
 
@@ -582,7 +589,10 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             Outcome::Failed(error) => error,
         };
         let attempt = event.attempts.saturating_add(1);
-        metrics::counter!(telemetry::EVENTS_FAILED, "event_type" => event.event_type.clone())
+        let event_type = self
+            .event_types
+            .label(&event.event_type, self.config.event_type_labels);
+        metrics::counter!(telemetry::EVENTS_FAILED, "event_type" => event_type.clone())
             .increment(1);
         let give_up = match error.kind {
             FailureKind::Permanent => Some(format!("permanent: {}", error.message)),
@@ -596,11 +606,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         };
         match give_up {
             Some(error) => {
-                metrics::counter!(
-                    telemetry::EVENTS_DEAD_LETTERED,
-                    "event_type" => event.event_type.clone()
-                )
-                .increment(1);
+                metrics::counter!(telemetry::EVENTS_DEAD_LETTERED, "event_type" => event_type)
+                    .increment(1);
                 tracing::error!(
                     event_id = %event.id,
                     event_type = %event.event_type,

@@ -2,11 +2,17 @@
 //!
 //! Install any `metrics` recorder (Prometheus exporter, statsd...) to collect them.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
 /// Counter: events the broker acknowledged.
 pub const EVENTS_PUBLISHED: &str = "outbox_events_published_total";
-/// Counter with label `event_type`: failed publish attempts (retryable or permanent).
+/// Counter with label `event_type` (see [`EventTypeLabels`]): failed publish attempts
+/// (retryable or permanent).
 pub const EVENTS_FAILED: &str = "outbox_events_failed_total";
-/// Counter with label `event_type`: events moved to the dead letters.
+/// Counter with label `event_type` (see [`EventTypeLabels`]): events moved to the dead
+/// letters.
 pub const EVENTS_DEAD_LETTERED: &str = "outbox_events_dead_lettered_total";
 /// Counter: events held back (left pending, no attempt) behind a failed event of
 /// their aggregate in the same batch.
@@ -49,4 +55,60 @@ pub fn describe() {
         Unit::Seconds,
         "Time from event creation to broker acknowledgement"
     );
+}
+
+/// The `event_type` label value for event types past the bound of [`EventTypeLabels`].
+pub const OTHER_EVENT_TYPE: &str = "other";
+
+/// Keeps the `event_type` label of the failure counters bounded.
+///
+/// Event types are usually a few dozen names fixed in code, but they are whatever
+/// producers write: a type built from data (`invoice.{customer}`) would create one
+/// time series per value in the metrics backend. The first `limit` distinct types
+/// seen get their own label value; every later one is counted as
+/// [`OTHER_EVENT_TYPE`], and a warning names the first type that was folded.
+#[derive(Debug, Default)]
+pub struct EventTypeLabels {
+    seen: Mutex<HashSet<String>>,
+    folded: AtomicBool,
+}
+
+impl EventTypeLabels {
+    /// The label value for `event_type` when at most `limit` distinct values are kept.
+    pub fn label(&self, event_type: &str, limit: usize) -> String {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(event_type) {
+            return event_type.to_string();
+        }
+        if seen.len() < limit {
+            seen.insert(event_type.to_string());
+            return event_type.to_string();
+        }
+        drop(seen);
+        if !self.folded.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                event_type,
+                limit,
+                "more distinct event types than the metrics keep; later ones are counted as \"other\""
+            );
+        }
+        OTHER_EVENT_TYPE.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_types_past_the_limit_are_counted_as_other() {
+        let labels = EventTypeLabels::default();
+        assert_eq!(labels.label("order.created", 2), "order.created");
+        assert_eq!(labels.label("order.paid", 2), "order.paid");
+        assert_eq!(labels.label("order.created", 2), "order.created");
+        assert_eq!(labels.label("order.shipped", 2), OTHER_EVENT_TYPE);
+        assert_eq!(labels.label("order.refunded", 2), OTHER_EVENT_TYPE);
+        // Known types keep their own label after the bound was reached.
+        assert_eq!(labels.label("order.paid", 2), "order.paid");
+    }
 }

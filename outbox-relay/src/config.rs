@@ -157,6 +157,7 @@ pub(crate) struct RelaySection {
     pub(crate) pending_refresh: Dur,
     pub(crate) error_backoff: Dur,
     pub(crate) broker_probe_max: Dur,
+    pub(crate) event_type_labels: usize,
     pub(crate) shutdown_timeout: Dur,
     pub(crate) wakeup: WakeupMode,
     pub(crate) notify_url: Option<String>,
@@ -176,6 +177,7 @@ impl Default for RelaySection {
             pending_refresh: Dur(core.pending_refresh),
             error_backoff: Dur(core.error_backoff),
             broker_probe_max: Dur(core.broker_probe_max),
+            event_type_labels: core.event_type_labels,
             shutdown_timeout: Dur::secs(30),
             wakeup: WakeupMode::Adaptive,
             notify_url: None,
@@ -626,6 +628,7 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
             .broker_probe_min
             .min(r.broker_probe_max.0),
         broker_probe_max: r.broker_probe_max.0,
+        event_type_labels: r.event_type_labels,
     };
     let store = StoreConfig {
         ordering: r.ordering,

@@ -112,14 +112,23 @@ fn run(cli: Cli) -> Result<(), Failure> {
     })
 }
 
+/// Log directive that silences lapin's warning per returned (unroutable) message.
+const QUIET_LAPIN_RETURNS: &str = "lapin::returned_messages=error";
+
 fn init_logging(format: LogFormat, default_level: &str) -> Result<(), Failure> {
     let (source, directives) = match (std::env::var("OUTBOX_LOG"), std::env::var("RUST_LOG")) {
         (Ok(v), _) if !v.trim().is_empty() => ("OUTBOX_LOG", v),
         (_, Ok(v)) if !v.trim().is_empty() => ("RUST_LOG", v),
         _ => ("default", default_level.to_string()),
     };
-    let filter = EnvFilter::try_new(&directives)
+    let mut filter = EnvFilter::try_new(&directives)
         .map_err(|e| Failure::config(format!("{source}=`{directives}`: {e}")))?;
+    if !directives.contains("lapin") {
+        // lapin warns with the whole message (payload included) for every message the
+        // broker returns as unroutable; the relay already logs that event's failure
+        // once with its id, so lapin's line is only noise unless asked for.
+        filter = filter.add_directive(QUIET_LAPIN_RETURNS.parse().expect("valid directive"));
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

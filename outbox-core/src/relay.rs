@@ -493,8 +493,17 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             if wave.is_empty() || tokio::time::Instant::now() >= deadline {
                 break;
             }
-            let batch: Vec<Event> = wave.iter().map(|&i| events[i].clone()).collect();
-            let results = self.publish_wave(&batch, deadline, timeout).await;
+            // A wave of consecutive claim events (one hot aggregate, or runs
+            // interleaved in turn) is published from the claim as it is; only a
+            // scattered wave is copied.
+            let copied: Vec<Event>;
+            let batch: &[Event] = if wave.windows(2).all(|w| w[1] == w[0] + 1) {
+                &events[wave[0]..wave[0] + wave.len()]
+            } else {
+                copied = wave.iter().map(|&i| events[i].clone()).collect();
+                &copied
+            };
+            let results = self.publish_wave(batch, deadline, timeout).await;
             let outage = results
                 .iter()
                 .filter_map(Outcome::error)

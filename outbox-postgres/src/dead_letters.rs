@@ -99,8 +99,8 @@ impl DeadLetters {
             .map(|r| {
                 Ok(DeadLetter {
                     event: row::event(r)?,
-                    last_error: r.try_get("last_error")?,
-                    dead_at: r.try_get("dead_at")?,
+                    last_error: row::get(r, row::column::dead::LAST_ERROR)?,
+                    dead_at: row::get(r, row::column::dead::DEAD_AT)?,
                 })
             })
             .collect()

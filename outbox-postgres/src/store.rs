@@ -32,7 +32,7 @@ use uuid::Uuid;
 use crate::enqueue::Outbox;
 use crate::error::{Error, Result};
 use crate::pooler::caches_statements;
-use crate::row;
+use crate::row::{self, column, column::read_again, column::walked};
 use crate::sql::{self, AfterDeadLetter, Sql};
 use crate::tables::Tables;
 use crate::wakeup::{Probe, Waker, Wakeup};
@@ -282,16 +282,19 @@ impl PgStore {
         let mut as_read = true;
         let mut expected_rn = 1_i64;
         for row in &walked {
-            if row.try_get::<bool, _>("held")? {
-                released.push(row.try_get("aggregate_type")?, row.try_get("aggregate_id")?);
+            if row::get::<bool>(row, walked::HELD)? {
+                released.push(
+                    row::get(row, column::AGGREGATE_TYPE)?,
+                    row::get(row, column::AGGREGATE_ID)?,
+                );
                 continue;
             }
-            let rn: i64 = row.try_get("rn")?;
-            let locked: bool = row.try_get("locked")?;
-            let clean: bool = row.try_get("clean")?;
+            let rn: i64 = row::get(row, walked::RN)?;
+            let locked: bool = row::get(row, walked::LOCKED)?;
+            let clean: bool = row::get(row, walked::CLEAN)?;
             as_read &= locked && clean && rn == expected_rn;
             expected_rn = rn + 1;
-            let seq: i64 = row.try_get("seq")?;
+            let seq: i64 = row::get(row, column::SEQ)?;
             window.from_seq = Some(window.from_seq.map_or(seq, |f| f.min(seq)));
             if !locked {
                 continue;
@@ -513,8 +516,8 @@ impl RunRow {
     fn walked(row: &PgRow) -> Result<Self> {
         Ok(Self {
             event: row::event(row)?,
-            available_at: row.try_get("available_at")?,
-            due: row.try_get("due")?,
+            available_at: row::get(row, walked::AVAILABLE_AT)?,
+            due: row::get(row, walked::DUE)?,
             dead: false,
         })
     }
@@ -523,9 +526,9 @@ impl RunRow {
     fn read_again(row: &PgRow) -> Result<Self> {
         Ok(Self {
             event: row::event(row)?,
-            available_at: row.try_get("available_at")?,
-            due: row.try_get("due")?,
-            dead: row.try_get("dead")?,
+            available_at: row::get(row, read_again::AVAILABLE_AT)?,
+            due: row::get(row, read_again::DUE)?,
+            dead: row::get(row, read_again::DEAD)?,
         })
     }
 }

@@ -8,6 +8,7 @@ mod db;
 mod drain;
 mod latency;
 mod live;
+mod machine;
 mod produce;
 mod resources;
 mod shapes;
@@ -126,7 +127,8 @@ fn main() {
 
 async fn run(cli: Cli) -> Result<()> {
     let url = cli.database_url.as_str();
-    let report = match cli.scenario {
+    let machine = machine::MachineAtStart::now();
+    let mut report = match cli.scenario {
         Scenario::Drain(args) => drain::drain(url, &args).await?,
         Scenario::DrainBroker(args) => drain::drain_broker(url, &args).await?,
         Scenario::Produce(args) => produce::produce(url, &args).await?,
@@ -140,6 +142,11 @@ async fn run(cli: Cli) -> Result<()> {
         Scenario::Live(args) => live::live(url, &args).await?,
         Scenario::RssChild(args) => return resources::rss_child(url, &args).await,
     };
+    let (text, json) = machine.since();
+    report.line.push_str(&text);
+    if let Some(object) = report.json.as_object_mut() {
+        object.insert("machine".into(), json);
+    }
     println!("{}", report.line);
     if cli.json {
         println!("{}", report.json);

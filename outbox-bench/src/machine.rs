@@ -1,0 +1,84 @@
+//! What the machine was doing during a scenario: the figures of a shared machine
+//! move 10-30% from one run to the next, and these say how loaded it was.
+
+use serde_json::json;
+
+/// Load average and CPU time counters (Linux `/proc`); `None` elsewhere.
+pub(crate) struct MachineAtStart {
+    load: Option<f64>,
+    cpu: Option<CpuTimes>,
+}
+
+/// The aggregate `cpu` line of `/proc/stat`, in clock ticks.
+#[derive(Clone, Copy)]
+struct CpuTimes {
+    total: u64,
+    steal: u64,
+    idle: u64,
+}
+
+impl CpuTimes {
+    fn read() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()?
+            .strip_prefix("cpu ")?
+            .split_whitespace()
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        // user nice system idle iowait irq softirq steal [guest guest_nice]: guest
+        // time is already counted in user and nice.
+        let get = |i: usize| fields.get(i).copied().unwrap_or(0);
+        Some(Self {
+            total: (0..8).map(get).sum(),
+            steal: get(7),
+            idle: get(3) + get(4),
+        })
+    }
+}
+
+impl MachineAtStart {
+    pub(crate) fn now() -> Self {
+        let load = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok());
+        Self {
+            load,
+            cpu: CpuTimes::read(),
+        }
+    }
+
+    /// Text for a result line and JSON for the report: the load average at the
+    /// start, and the shares of CPU time that were idle and that the host took
+    /// (steal: the virtual CPUs were runnable but not run) since the start.
+    pub(crate) fn since(&self) -> (String, serde_json::Value) {
+        let shares = self.cpu.zip(CpuTimes::read()).and_then(|(a, b)| {
+            let total = b.total.checked_sub(a.total).filter(|&t| t > 0)? as f64;
+            let share = |x: u64, y: u64| y.saturating_sub(x) as f64 / total;
+            Some((share(a.idle, b.idle), share(a.steal, b.steal)))
+        });
+        let mut parts = Vec::new();
+        if let Some(load) = self.load {
+            parts.push(format!("load {load:.1} at start"));
+        }
+        if let Some((idle, steal)) = shares {
+            parts.push(format!(
+                "CPU idle {:.0}%, host steal {:.0}%",
+                idle * 100.0,
+                steal * 100.0
+            ));
+        }
+        let text = if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" [machine: {}]", parts.join(", "))
+        };
+        let json = json!({
+            "load_at_start": self.load,
+            "cpu_idle_share": shares.map(|s| s.0),
+            "cpu_steal_share": shares.map(|s| s.1),
+        });
+        (text, json)
+    }
+}

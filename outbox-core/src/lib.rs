@@ -24,7 +24,7 @@ pub use broker_health::{BrokerHealth, BrokerStatus};
 pub use event::{Event, EventError, Headers, NewEvent, TRACEPARENT};
 pub use liveness::Liveness;
 pub use local::{ChannelPublisher, NullPublisher, StdoutPublisher};
-pub use publisher::{FailureKind, Outcome, PublishError, Publisher};
+pub use publisher::{DynPublisher, FailureKind, Outcome, PublishError, Publisher};
 pub use relay::{BatchReport, Relay, RelayConfig, RelayStats, RelayStatsSnapshot};
 pub use retry::RetryPolicy;
 pub use routing::Routing;

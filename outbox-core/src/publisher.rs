@@ -3,6 +3,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
+
 use crate::event::Event;
 
 /// What happened to one event of a batch.
@@ -133,12 +135,67 @@ pub trait Publisher: Send + Sync {
     }
 }
 
-impl<P: Publisher> Publisher for Arc<P> {
+impl<P: Publisher + ?Sized> Publisher for Arc<P> {
     fn publish(&self, events: &[Event]) -> impl Future<Output = Vec<Outcome>> + Send {
         (**self).publish(events)
     }
 
     fn check(&self) -> impl Future<Output = Result<(), PublishError>> + Send {
         (**self).check()
+    }
+}
+
+impl<P: Publisher + ?Sized> Publisher for Box<P> {
+    fn publish(&self, events: &[Event]) -> impl Future<Output = Vec<Outcome>> + Send {
+        (**self).publish(events)
+    }
+
+    fn check(&self) -> impl Future<Output = Result<(), PublishError>> + Send {
+        (**self).check()
+    }
+}
+
+/// The object-safe form of [`Publisher`], for choosing a publisher at run time
+/// (`Box<dyn DynPublisher>`, `Arc<dyn DynPublisher>`): every [`Publisher`] is one,
+/// and `dyn DynPublisher` is a [`Publisher`] again, so a boxed publisher goes
+/// wherever a publisher does ([`Relay::new`](crate::Relay::new) included). The
+/// cost is one allocation per call, next to a broker round trip.
+///
+/// ```
+/// use std::sync::Arc;
+/// use outbox_core::{DynPublisher, NullPublisher, StdoutPublisher};
+///
+/// let quiet = true;
+/// let publisher: Arc<dyn DynPublisher> = if quiet {
+///     Arc::new(NullPublisher)
+/// } else {
+///     Arc::new(StdoutPublisher)
+/// };
+/// # let _ = publisher;
+/// ```
+pub trait DynPublisher: Send + Sync {
+    /// [`Publisher::publish`], boxed.
+    fn publish_boxed<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Vec<Outcome>>;
+    /// [`Publisher::check`], boxed.
+    fn check_boxed(&self) -> BoxFuture<'_, Result<(), PublishError>>;
+}
+
+impl<P: Publisher> DynPublisher for P {
+    fn publish_boxed<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(self.publish(events))
+    }
+
+    fn check_boxed(&self) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(self.check())
+    }
+}
+
+impl Publisher for dyn DynPublisher {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        self.publish_boxed(events).await
+    }
+
+    async fn check(&self) -> Result<(), PublishError> {
+        self.check_boxed().await
     }
 }

@@ -420,3 +420,56 @@ async fn liveness_tells_a_stuck_claim_loop_from_an_idle_one() {
     }
     assert_eq!(idle_liveness.stalled_for(now()), None, "stopped");
 }
+
+/// A publisher chosen at run time, behind `Arc<dyn DynPublisher>`, drives the relay
+/// like the concrete one: every event published, in order, through the boxed calls,
+/// and its failures keep their kind.
+#[tokio::test]
+async fn boxed_publisher_drives_the_relay() {
+    use outbox_core::{DynPublisher, Event, Outcome, Publisher};
+
+    /// Refuses one event type, publishes the rest.
+    struct Picky {
+        inner: Arc<RecordingPublisher>,
+    }
+
+    impl Publisher for Picky {
+        async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+            let mut outcomes = self.inner.publish(events).await;
+            for (event, outcome) in events.iter().zip(&mut outcomes) {
+                if event.event_type == "order.refused" {
+                    *outcome = Outcome::permanent("refused by the test");
+                }
+            }
+            outcomes
+        }
+
+        async fn check(&self) -> Result<(), PublishError> {
+            Err(PublishError::unavailable("checked through the box"))
+        }
+    }
+
+    let store = MemoryStore::new();
+    let mut ids = Vec::new();
+    let mut runs = vec![Vec::new(); 3];
+    for n in 0..20 {
+        let event = event(&format!("a{}", n % 3), n);
+        ids.push(event.id);
+        runs[n as usize % 3].push(event.id);
+        store.enqueue(event).unwrap();
+    }
+    let refused = NewEvent::new("order", "b", "order.refused", &serde_json::json!({}));
+    store.enqueue(refused.clone()).unwrap();
+    let recorder = Arc::new(RecordingPublisher::new());
+    let publisher: Arc<dyn DynPublisher> = Arc::new(Picky {
+        inner: Arc::clone(&recorder),
+    });
+    let check = publisher.check().await.unwrap_err();
+    assert!(check.is_unavailable(), "{check:?}");
+
+    let relay = Relay::new(store.clone(), Arc::clone(&publisher)).with_config(config(7));
+    run_until_drained(&relay).await;
+    assert_eq!(store.published_ids(), ids);
+    assert_eq!(store.dead_letter_ids(), vec![refused.id]);
+    outbox_core::testing::check_first_arrivals(&recorder.published_ids(), &runs).unwrap();
+}

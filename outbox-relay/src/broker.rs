@@ -4,7 +4,9 @@
 //! `[broker.<kind>]` section are the defaults of those variables, so the environment
 //! wins over the file as everywhere else. Routing rules come from `[routing]`.
 
-use outbox_core::{Event, Outcome, PublishError, Publisher, StdoutPublisher};
+use std::sync::Arc;
+
+use outbox_core::{DynPublisher, StdoutPublisher};
 
 use crate::config::{BrokerSection, RoutingSection, Settings};
 use crate::failure::Failure;
@@ -25,48 +27,10 @@ pub(crate) enum Spec {
     Sqs(outbox_sqs::SqsConfig),
 }
 
-/// The publisher of whichever broker is configured.
-pub(crate) enum AnyPublisher {
-    Stdout(StdoutPublisher),
-    #[cfg(feature = "nats")]
-    Nats(outbox_nats::NatsPublisher),
-    #[cfg(feature = "amqp")]
-    Amqp(outbox_amqp::AmqpPublisher),
-    #[cfg(feature = "kafka")]
-    Kafka(outbox_kafka::KafkaPublisher),
-    #[cfg(feature = "sqs")]
-    Sqs(outbox_sqs::SqsPublisher),
-}
-
-impl Publisher for AnyPublisher {
-    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
-        match self {
-            Self::Stdout(p) => p.publish(events).await,
-            #[cfg(feature = "nats")]
-            Self::Nats(p) => p.publish(events).await,
-            #[cfg(feature = "amqp")]
-            Self::Amqp(p) => p.publish(events).await,
-            #[cfg(feature = "kafka")]
-            Self::Kafka(p) => p.publish(events).await,
-            #[cfg(feature = "sqs")]
-            Self::Sqs(p) => p.publish(events).await,
-        }
-    }
-
-    async fn check(&self) -> Result<(), PublishError> {
-        match self {
-            Self::Stdout(p) => p.check().await,
-            #[cfg(feature = "nats")]
-            Self::Nats(p) => p.check().await,
-            #[cfg(feature = "amqp")]
-            Self::Amqp(p) => p.check().await,
-            #[cfg(feature = "kafka")]
-            Self::Kafka(p) => p.check().await,
-            #[cfg(feature = "sqs")]
-            Self::Sqs(p) => p.check().await,
-        }
-    }
-}
+/// The publisher of whichever broker is configured, behind the object-safe
+/// [`DynPublisher`]: the relay, `/readyz` and any publisher a user builds take the
+/// same path.
+pub(crate) type BrokerPublisher = Arc<dyn DynPublisher>;
 
 /// The broker names compiled into this binary.
 pub(crate) fn compiled() -> Vec<&'static str> {
@@ -124,9 +88,9 @@ impl Spec {
 
     /// Create the publisher. Adapters connect lazily, so a relay can start while its
     /// broker is down; `/readyz` tells when it is reachable.
-    pub(crate) async fn build(self) -> Result<AnyPublisher, Failure> {
+    pub(crate) async fn build(self) -> Result<BrokerPublisher, Failure> {
         Ok(match self {
-            Self::Stdout => AnyPublisher::Stdout(StdoutPublisher),
+            Self::Stdout => Arc::new(StdoutPublisher),
             #[cfg(feature = "nats")]
             Self::Nats(config, stream) => {
                 let publisher = config.build().await.map_err(invalid)?;
@@ -137,14 +101,14 @@ impl Spec {
                         .await
                         .map_err(|e| Failure::runtime(format!("broker: {e}")))?;
                 }
-                AnyPublisher::Nats(publisher)
+                Arc::new(publisher)
             }
             #[cfg(feature = "amqp")]
-            Self::Amqp(config) => AnyPublisher::Amqp(config.build().map_err(invalid)?),
+            Self::Amqp(config) => Arc::new(config.build().map_err(invalid)?),
             #[cfg(feature = "kafka")]
-            Self::Kafka(config) => AnyPublisher::Kafka(config.build().map_err(invalid)?),
+            Self::Kafka(config) => Arc::new(config.build().map_err(invalid)?),
             #[cfg(feature = "sqs")]
-            Self::Sqs(config) => AnyPublisher::Sqs(config.build().await.map_err(invalid)?),
+            Self::Sqs(config) => Arc::new(config.build().await.map_err(invalid)?),
         })
     }
 }

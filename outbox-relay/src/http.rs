@@ -14,14 +14,14 @@ use outbox_core::{BrokerHealth, BrokerStatus, Liveness, Publisher};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
-use crate::broker::AnyPublisher;
+use crate::broker::BrokerPublisher;
 use crate::failure::Failure;
 
 #[derive(Clone)]
 struct Endpoint {
     metrics: PrometheusHandle,
     pool: PgPool,
-    publisher: Arc<AnyPublisher>,
+    publisher: BrokerPublisher,
     check_timeout: Duration,
     liveness: Arc<Liveness>,
     stuck_after: Duration,
@@ -48,7 +48,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     metrics: PrometheusHandle,
     pool: PgPool,
-    publisher: Arc<AnyPublisher>,
+    publisher: BrokerPublisher,
     probes: Probes,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) {

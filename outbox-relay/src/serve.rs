@@ -28,7 +28,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     let pool = db::connect(database, Role::Relay).await?;
     db::ensure_migrated(&pool, &settings.tables).await?;
     let broker_name = broker.name();
-    let publisher = Arc::new(broker.build().await?);
+    let publisher = broker.build().await?;
     let store = PgStore::new(pool.clone(), settings.tables.clone())
         .with_config(settings.store)
         .with_wakeup(settings.wakeup.clone());

@@ -3,26 +3,7 @@
 mod common;
 
 use common::AmqpTarget;
-use outbox_core::conformance;
 
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test]
-        async fn $name() {
-            let target = AmqpTarget::new().await;
-            conformance::$name(&target).await;
-            target.delete().await;
-        }
-    )*};
-}
-
-suite!(
-    empty_batch,
-    publish_and_read_back,
-    message_envelope,
-    per_aggregate_order,
-    republish_is_published,
-    refused_message_fails_alone,
-    failed_event_holds_back_its_run,
-    unreachable_broker_is_unavailable,
-);
+outbox_core::conformance_tests!(AmqpTarget::new().await, |target: AmqpTarget| async move {
+    target.delete().await
+});

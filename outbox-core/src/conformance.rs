@@ -3,13 +3,16 @@
 //!
 //! A broker crate implements [`ConformanceTarget`] in its tests (build a publisher,
 //! read messages back, make an event the broker refuses, build a publisher for an
-//! unreachable broker) and calls the suite's async functions, one `#[tokio::test]`
-//! each, or all at once with [`run_all`]. Every check panics with a clear message
+//! unreachable broker) and runs every check with
+//! [`conformance_tests!`](crate::conformance_tests) (one `#[tokio::test]` each), or
+//! calls the suite's async functions itself. Every check panics with a clear message
 //! when the contract is broken, and finishes in bounded time.
+//!
+//! Not a stable API: checks are added and tightened as the publisher contract grows.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use outbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
+//! use outbox_core::conformance::{BoxError, ConformanceTarget, ReceivedMessage};
 //! use outbox_core::{Event, NullPublisher};
 //!
 //! struct MyBroker; // e.g. holds a unique stream/queue name per test
@@ -24,10 +27,8 @@
 //!     async fn unreachable_publisher(&self) -> Result<NullPublisher, BoxError> { Ok(NullPublisher) }
 //! }
 //!
-//! #[tokio::test]
-//! async fn publish_and_read_back() {
-//!     conformance::publish_and_read_back(&MyBroker).await;
-//! }
+//! // Every check, one test each (or call e.g. `conformance::publish_and_read_back`).
+//! outbox_core::conformance_tests!(MyBroker);
 //! ```
 //!
 //! Rules the suite relies on:
@@ -160,16 +161,47 @@ fn traced(mut e: Event, n: usize) -> Event {
     e
 }
 
-/// Run every check of the suite in sequence.
-pub async fn run_all<T: ConformanceTarget>(target: &T) {
-    empty_batch(target).await;
-    publish_and_read_back(target).await;
-    message_envelope(target).await;
-    per_aggregate_order(target).await;
-    republish_is_published(target).await;
-    refused_message_fails_alone(target).await;
-    failed_event_holds_back_its_run(target).await;
-    unreachable_broker_is_unavailable(target).await;
+/// One `#[tokio::test]` per check of the suite, each on a fresh target: the one
+/// list of checks, for every broker crate's conformance test file.
+///
+/// `conformance_tests!(make)` where `make` is an expression (it may `.await`) giving
+/// a [`ConformanceTarget`]; `conformance_tests!(make, cleanup)` also calls
+/// `cleanup(target)` (a closure returning a future) after each check that passed.
+/// The crate using it needs `tokio` with the `macros` and `rt-multi-thread` features.
+///
+/// (The module documentation has a complete example.)
+///
+/// ```text
+/// outbox_core::conformance_tests!(MyBroker::new().await, |b: MyBroker| async move {
+///     b.delete().await
+/// });
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!($make, |_| async {});
+    };
+    ($make:expr, $cleanup:expr) => {
+        $crate::conformance_tests!(@checks $make, $cleanup;
+            empty_batch,
+            publish_and_read_back,
+            message_envelope,
+            per_aggregate_order,
+            republish_is_published,
+            refused_message_fails_alone,
+            failed_event_holds_back_its_run,
+            unreachable_broker_is_unavailable,
+        );
+    };
+    (@checks $make:expr, $cleanup:expr; $($check:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $check() {
+            let target = $make;
+            $crate::conformance::$check(&target).await;
+            let cleanup = $cleanup;
+            cleanup(target).await;
+        }
+    )*};
 }
 
 /// An empty batch publishes nothing and returns no outcome.

@@ -87,42 +87,4 @@ impl ConformanceTarget for Kafka {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn empty_batch() {
-    conformance::empty_batch(&Kafka::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn publish_and_read_back() {
-    conformance::publish_and_read_back(&Kafka::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn message_envelope() {
-    conformance::message_envelope(&Kafka::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn per_aggregate_order() {
-    conformance::per_aggregate_order(&Kafka::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn republish_is_published() {
-    conformance::republish_is_published(&Kafka::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn refused_message_fails_alone() {
-    conformance::refused_message_fails_alone(&Kafka::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn failed_event_holds_back_its_run() {
-    conformance::failed_event_holds_back_its_run(&Kafka::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn unreachable_broker_is_unavailable() {
-    conformance::unreachable_broker_is_unavailable(&Kafka::new()).await;
-}
+outbox_core::conformance_tests!(Kafka::new());

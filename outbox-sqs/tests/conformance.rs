@@ -69,42 +69,4 @@ impl ConformanceTarget for Sqs {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn empty_batch() {
-    conformance::empty_batch(&Sqs::new().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn publish_and_read_back() {
-    conformance::publish_and_read_back(&Sqs::new().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn message_envelope() {
-    conformance::message_envelope(&Sqs::new().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn per_aggregate_order() {
-    conformance::per_aggregate_order(&Sqs::new().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn republish_is_published() {
-    conformance::republish_is_published(&Sqs::new().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn refused_message_fails_alone() {
-    conformance::refused_message_fails_alone(&Sqs::new().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn failed_event_holds_back_its_run() {
-    conformance::failed_event_holds_back_its_run(&Sqs::new().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn unreachable_broker_is_unavailable() {
-    conformance::unreachable_broker_is_unavailable(&Sqs::new().await).await;
-}
+outbox_core::conformance_tests!(Sqs::new().await);

@@ -62,15 +62,13 @@ impl Metadata {
         if let Some(kind) = props.kind() {
             pairs.push((headers::EVENT_TYPE.into(), kind.to_string()));
         }
-        // The creation time is optional here: absent or invalid reads as `None`.
-        let created_at = pairs
+        // The creation time is optional here: an invalid one reads as absent (`None`).
+        let valid_time = pairs
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(headers::CREATED_AT))
-            .and_then(|(_, t)| DateTime::parse_from_rfc3339(t).ok())
-            .map(|t| t.with_timezone(&Utc));
-        if created_at.is_none() {
+            .is_some_and(|(_, t)| DateTime::parse_from_rfc3339(t).is_ok());
+        if !valid_time {
             pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(headers::CREATED_AT));
-            pairs.push((headers::CREATED_AT.into(), "1970-01-01T00:00:00Z".into()));
         }
         let meta =
             envelope::Metadata::from_headers(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -80,7 +78,7 @@ impl Metadata {
             event_type: meta.event_type,
             aggregate_type: meta.aggregate_type,
             aggregate_id: meta.aggregate_id,
-            created_at,
+            created_at: meta.created_at,
             headers: meta.headers,
         })
     }

@@ -74,8 +74,9 @@ pub struct Metadata {
     pub aggregate_type: String,
     /// The aggregate id.
     pub aggregate_id: String,
-    /// When the event was written to the outbox.
-    pub created_at: DateTime<Utc>,
+    /// When the event was written to the outbox; `None` when the message does not
+    /// say (the outbox always sends it; a message relayed by another tool may not).
+    pub created_at: Option<DateTime<Utc>>,
     /// The event's own headers: `traceparent` and user metadata.
     pub headers: Headers,
 }
@@ -125,12 +126,15 @@ impl Metadata {
                 name: EVENT_ID,
                 reason: e.to_string(),
             })?;
-        let created_at = DateTime::parse_from_rfc3339(get(4)?)
-            .map_err(|e| EnvelopeError::Malformed {
-                name: CREATED_AT,
-                reason: e.to_string(),
-            })?
-            .with_timezone(&Utc);
+        let created_at = found[4]
+            .map(|t| {
+                DateTime::parse_from_rfc3339(t).map_err(|e| EnvelopeError::Malformed {
+                    name: CREATED_AT,
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()?
+            .map(|t| t.with_timezone(&Utc));
         Ok(Self {
             event_id,
             event_type: get(1)?.to_string(),
@@ -184,8 +188,8 @@ mod tests {
             ("order", "42")
         );
         assert_eq!(
-            meta.created_at.timestamp_micros(),
-            e.created_at.timestamp_micros()
+            meta.created_at.map(|t| t.timestamp_micros()),
+            Some(e.created_at.timestamp_micros())
         );
         assert_eq!(meta.traceparent(), Some("00-abc-def-01"));
         assert!(!meta.headers.contains_key(EVENT_ID));
@@ -202,6 +206,9 @@ mod tests {
             ("outbox-created-at", "2026-01-01T00:00:00Z"),
         ];
         assert!(Metadata::from_headers(pairs).is_ok());
+        // The creation time is optional; the other four are not.
+        let undated = Metadata::from_headers(pairs[..4].iter().copied()).unwrap();
+        assert_eq!(undated.created_at, None);
         assert_eq!(
             Metadata::from_headers(pairs[1..].iter().copied()),
             Err(EnvelopeError::Missing(EVENT_ID))

@@ -94,7 +94,9 @@ impl Received {
             event_type: meta.event_type,
             aggregate_type: meta.aggregate_type,
             aggregate_id: meta.aggregate_id,
-            created_at: meta.created_at,
+            created_at: meta.created_at.ok_or(Error::MissingHeader {
+                name: envelope::CREATED_AT,
+            })?,
             headers: meta.headers,
         })
     }

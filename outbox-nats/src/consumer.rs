@@ -61,13 +61,11 @@ impl Metadata {
                 pairs.push((headers::EVENT_ID, id));
             }
         }
-        // The creation time is optional here: absent or invalid reads as `None`.
-        let created_at = find(&pairs, headers::CREATED_AT)
-            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-            .map(|t| t.with_timezone(&Utc));
-        if created_at.is_none() {
+        // The creation time is optional here: an invalid one reads as absent (`None`).
+        let valid_time = find(&pairs, headers::CREATED_AT)
+            .is_some_and(|t| DateTime::parse_from_rfc3339(t).is_ok());
+        if !valid_time {
             pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(headers::CREATED_AT));
-            pairs.push((headers::CREATED_AT, "1970-01-01T00:00:00Z"));
         }
         pairs.retain(|(k, _)| !headers::is_nats_reserved(k));
         let meta = envelope::Metadata::from_headers(pairs).map_err(|e| not_event(e.to_string()))?;
@@ -76,7 +74,7 @@ impl Metadata {
             event_type: meta.event_type,
             aggregate_type: meta.aggregate_type,
             aggregate_id: meta.aggregate_id,
-            created_at,
+            created_at: meta.created_at,
             headers: meta.headers,
         };
         Ok(metadata)
@@ -218,4 +216,44 @@ fn find<'a>(pairs: &[(&str, &'a str)], name: &str) -> Option<&'a str> {
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(name))
         .map(|&(_, v)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A message with the outbox headers, `created_at` as given.
+    fn message(created_at: Option<&str>) -> async_nats::Message {
+        let mut map = async_nats::HeaderMap::new();
+        map.insert(headers::EVENT_ID, Uuid::now_v7().to_string().as_str());
+        map.insert(headers::EVENT_TYPE, "order.created");
+        map.insert(headers::AGGREGATE_TYPE, "order");
+        map.insert(headers::AGGREGATE_ID, "42");
+        if let Some(t) = created_at {
+            map.insert(headers::CREATED_AT, t);
+        }
+        async_nats::Message {
+            subject: "outbox.order.created".into(),
+            reply: None,
+            payload: Default::default(),
+            headers: Some(map),
+            status: None,
+            description: None,
+            length: 0,
+        }
+    }
+
+    #[test]
+    fn creation_time_is_read_or_absent_never_made_up() {
+        let dated = Metadata::from_message(&message(Some("2026-12-04T10:00:00Z"))).unwrap();
+        assert_eq!(
+            dated.created_at.map(|t| t.to_rfc3339()),
+            Some("2026-12-04T10:00:00+00:00".to_string())
+        );
+        for undated in [None, Some("yesterday")] {
+            let meta = Metadata::from_message(&message(undated)).unwrap();
+            assert_eq!(meta.created_at, None, "created_at header {undated:?}");
+            assert_eq!(meta.aggregate_id, "42");
+        }
+    }
 }

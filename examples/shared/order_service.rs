@@ -151,7 +151,7 @@ pub(crate) async fn produce(
 ) -> Result<(), Error> {
     let customers = ["ada", "grace", "linus", "barbara"];
     let mut n: u32 = 0;
-    while !stop.is_cancelled() && count.map_or(true, |c| n < c) {
+    while !stop.is_cancelled() && count.is_none_or(|c| n < c) {
         let customer = customers[n as usize % customers.len()];
         let total_cents = 1_000 + i64::from(n) * 250;
         let mut tx = pool.begin().await?;

@@ -110,9 +110,9 @@ impl WalkStart {
             state.candidate = None;
             state.reset_at = now;
         }
-        let observe = state.last_observed.map_or(true, |last| {
-            now.saturating_duration_since(last) >= OBSERVE_EVERY
-        });
+        let observe = state
+            .last_observed
+            .is_none_or(|last| now.saturating_duration_since(last) >= OBSERVE_EVERY);
         if observe {
             state.last_observed = Some(now);
         }

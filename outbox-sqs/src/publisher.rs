@@ -299,9 +299,9 @@ fn chunk(entries: Vec<Entry>, max_bytes: usize) -> Vec<Vec<Entry>> {
     let mut chunks: Vec<Vec<Entry>> = Vec::new();
     let mut bytes = 0;
     for entry in entries {
-        let full = chunks.last().map_or(true, |c| {
-            c.len() == MAX_BATCH_ENTRIES || bytes + entry.size > max_bytes
-        });
+        let full = chunks
+            .last()
+            .is_none_or(|c| c.len() == MAX_BATCH_ENTRIES || bytes + entry.size > max_bytes);
         if full {
             chunks.push(Vec::new());
             bytes = 0;

@@ -16,27 +16,28 @@ struct Migration {
     template: &'static str,
 }
 
-/// Every migration, in order. The SQL lives in the workspace's `migrations/` folder.
+/// Every migration, in order. The SQL lives in the workspace's `migrations/` folder; the
+/// crate reaches it through its own `migrations` link, so that a packaged crate ships it.
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "outbox",
-        template: include_str!("../../migrations/0001_outbox.sql"),
+        template: include_str!("../migrations/0001_outbox.sql"),
     },
     Migration {
         version: 2,
         name: "notify_function",
-        template: include_str!("../../migrations/0002_notify_function.sql"),
+        template: include_str!("../migrations/0002_notify_function.sql"),
     },
     Migration {
         version: 3,
         name: "holds",
-        template: include_str!("../../migrations/0003_holds.sql"),
+        template: include_str!("../migrations/0003_holds.sql"),
     },
     Migration {
         version: 4,
         name: "probe_function",
-        template: include_str!("../../migrations/0004_probe_function.sql"),
+        template: include_str!("../migrations/0004_probe_function.sql"),
     },
 ];
 

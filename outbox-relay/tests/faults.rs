@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use futures_util::StreamExt;
 
-use common::{dead_count, free_port, get, sample, wait_until_drained, Config, RelayProcess};
+use common::{
+    dead_count, free_port, get, qualified, sample, wait_until_drained, Config, RelayProcess,
+};
 use outbox_core::conformance::proxy::TcpProxy;
 use outbox_core::testing::check_first_arrivals;
 use outbox_core::NewEvent;
@@ -105,15 +107,10 @@ impl Stream {
                 "read {} of {total} messages within {limit:?}",
                 ids.len()
             );
-            for message in consumer
-                .fetch(1000, Duration::from_millis(500))
-                .await
-                .unwrap()
-            {
-                let message = message.expect("an outbox event");
-                message.ack().await.unwrap();
-                ids.push(message.id());
-            }
+            fetch_acked(&consumer, 1000, Duration::from_millis(500), |id| {
+                ids.push(id)
+            })
+            .await;
         }
         ids
     }
@@ -182,21 +179,9 @@ impl Tap {
 fn relay_config(outbox: &TestOutbox, app: &str, nats: &str, stream: &Stream, rest: &str) -> Config {
     let url = database_url();
     let separator = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{separator}application_name={app}");
     Config::new(&format!(
-        r#"
-[database]
-url = "{url}{separator}application_name={app}"
-connect_timeout = "5s"
-
-[tables]
-schema = "{schema}"
-
-[relay]
-batch_size = 50
-workers = 2
-poll_interval = "50ms"
-shutdown_timeout = "20s"
-broker_probe_max = "1s"
+        r#"{head}broker_probe_max = "1s"
 
 [broker]
 kind = "nats"
@@ -207,20 +192,31 @@ subject_prefix = "{prefix}"
 timeout = "1s"
 {rest}
 "#,
-        schema = outbox.tables.schema().as_str(),
+        head = Config::head(&url, outbox.tables.schema().as_str()),
         prefix = stream.prefix,
     ))
+}
+
+/// Fetch up to `max` messages (waiting at most `wait`), acknowledge each and hand its
+/// event id to `each` once acknowledged.
+async fn fetch_acked(
+    consumer: &EventConsumer,
+    max: usize,
+    wait: Duration,
+    mut each: impl FnMut(Uuid),
+) {
+    for message in consumer.fetch(max, wait).await.unwrap() {
+        let message = message.expect("an outbox event");
+        message.ack().await.unwrap();
+        each(message.id());
+    }
 }
 
 /// For `relay_config`: no HTTP endpoint (several relays run side by side).
 const NO_HTTP: &str = "[http]\nlisten = \"0\"\n";
 
 fn events_table(outbox: &TestOutbox) -> String {
-    format!(
-        "{}.{}",
-        outbox.tables.schema().quoted(),
-        outbox.tables.events().quoted()
-    )
+    qualified(outbox, outbox.tables.events())
 }
 
 async fn commit(outbox: &TestOutbox, events: &[NewEvent]) {
@@ -574,18 +570,10 @@ async fn relays_recover_by_themselves_when_postgresql_drops_their_sessions() {
         let stop = Arc::clone(&stop);
         async move {
             while !stop.load(Ordering::SeqCst) {
-                for message in consumer
-                    .fetch(500, Duration::from_millis(200))
-                    .await
-                    .unwrap()
-                {
-                    let message = message.expect("an outbox event");
-                    message.ack().await.unwrap();
-                    arrivals
-                        .lock()
-                        .unwrap()
-                        .push((message.id(), Instant::now()));
-                }
+                fetch_acked(&consumer, 500, Duration::from_millis(200), |id| {
+                    arrivals.lock().unwrap().push((id, Instant::now()));
+                })
+                .await;
             }
         }
     });

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outbox_postgres::testing::{database_url, TestOutbox};
+use outbox_postgres::Ident;
 use uuid::Uuid;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");
@@ -31,20 +32,7 @@ impl Config {
     /// A working config for `schema`, HTTP on `listen` ("0" for none).
     pub fn for_schema(schema: &str, listen: &str) -> Self {
         Self::new(&format!(
-            r#"
-[database]
-url = "{url}"
-connect_timeout = "5s"
-
-[tables]
-schema = "{schema}"
-
-[relay]
-batch_size = 50
-workers = 2
-poll_interval = "50ms"
-pending_refresh = "200ms"
-shutdown_timeout = "20s"
+            r#"{head}pending_refresh = "200ms"
 
 [retry]
 max_attempts = 3
@@ -58,8 +46,30 @@ stats_refresh = "200ms"
 [broker]
 kind = "stdout"
 "#,
-            url = database_url()
+            head = Self::head(&database_url(), schema)
         ))
+    }
+
+    /// The `[database]` and `[tables]` sections and the start of `[relay]` that
+    /// every test config shares: a small batch, two claim loops, a fast poll.
+    /// Further `[relay]` keys may follow it directly.
+    pub fn head(url: &str, schema: &str) -> String {
+        format!(
+            r#"
+[database]
+url = "{url}"
+connect_timeout = "5s"
+
+[tables]
+schema = "{schema}"
+
+[relay]
+batch_size = 50
+workers = 2
+poll_interval = "50ms"
+shutdown_timeout = "20s"
+"#
+        )
     }
 }
 
@@ -249,11 +259,15 @@ pub fn sample(metrics: &str, name: &str) -> Option<f64> {
     })
 }
 
+/// `"schema"."table"` of one of the outbox's tables, for SQL in tests.
+pub fn qualified(outbox: &TestOutbox, table: &Ident) -> String {
+    format!("{}.{}", outbox.tables.schema().quoted(), table.quoted())
+}
+
 pub async fn pending_ids(outbox: &TestOutbox) -> Vec<Uuid> {
     sqlx::query_scalar(&format!(
-        "SELECT id FROM {}.{} WHERE processed_at IS NULL AND dead_at IS NULL",
-        outbox.tables.schema().quoted(),
-        outbox.tables.events().quoted()
+        "SELECT id FROM {} WHERE processed_at IS NULL AND dead_at IS NULL",
+        qualified(outbox, outbox.tables.events())
     ))
     .fetch_all(&outbox.pool)
     .await
@@ -277,9 +291,8 @@ pub async fn wait_until_drained(outbox: &TestOutbox, limit: Duration) {
 
 pub async fn dead_count(outbox: &TestOutbox) -> i64 {
     sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {}.{}",
-        outbox.tables.schema().quoted(),
-        outbox.tables.dead_letters().quoted()
+        "SELECT count(*) FROM {}",
+        qualified(outbox, outbox.tables.dead_letters())
     ))
     .fetch_one(&outbox.pool)
     .await

@@ -157,7 +157,7 @@ pub struct Relay<S, P> {
     stats: Arc<RelayStats>,
     liveness: Arc<Liveness>,
     broker: Arc<BrokerHealth>,
-    event_types: Arc<telemetry::EventTypeLabels>,
+    event_types: telemetry::EventTypeLabels,
 }
 
 impl<S: Store, P: Publisher> Relay<S, P> {
@@ -170,7 +170,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             stats: Arc::default(),
             liveness: Arc::default(),
             broker: Arc::default(),
-            event_types: Arc::default(),
+            event_types: telemetry::EventTypeLabels::default(),
         }
     }
 

@@ -17,18 +17,18 @@ mod order_service;
 
 use std::time::Duration;
 
-use outbox::amqp::lapin::options::{
+use pgoutbox::amqp::lapin::options::{
     BasicAckOptions, BasicGetOptions, QueueBindOptions, QueueDeclareOptions,
 };
-use outbox::amqp::lapin::types::FieldTable;
-use outbox::amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox::amqp::{AmqpConfig, Metadata};
-use outbox::postgres::{Inbox, Outbox, PgStore};
-use outbox::Relay;
+use pgoutbox::amqp::lapin::types::FieldTable;
+use pgoutbox::amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use pgoutbox::amqp::{AmqpConfig, Metadata};
+use pgoutbox::postgres::{Inbox, Outbox, PgStore};
+use pgoutbox::Relay;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use order_service::{ConsumeUntil, Error, Pending};
+use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
 
 const QUEUE: &str = "billing";
 
@@ -131,12 +131,16 @@ async fn consume(
                 continue;
             }
         };
-        let payload = String::from_utf8_lossy(&message.data).into_owned();
+        let order: OrderCreated = match meta.decode(&message.data) {
+            Ok(order) => order,
+            Err(error) => {
+                eprintln!("amqp: skipping a message: {error}");
+                message.ack(BasicAckOptions::default()).await?;
+                continue;
+            }
+        };
         if order_service::process(inbox, pool, meta.id, || {
-            format!(
-                "{} {}/{} event {} {payload}",
-                meta.event_type, meta.aggregate_type, meta.aggregate_id, meta.id
-            )
+            format!("{} event {}: {order}", meta.event_type, meta.id)
         })
         .await?
         {

@@ -18,17 +18,17 @@ mod order_service;
 
 use std::time::Duration;
 
-use outbox::kafka::rdkafka::config::ClientConfig;
-use outbox::kafka::rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use outbox::kafka::rdkafka::message::Message;
-use outbox::kafka::rdkafka::mocking::MockCluster;
-use outbox::kafka::{KafkaConfig, Received, ENV_BROKERS};
-use outbox::postgres::{Inbox, Outbox, PgStore};
-use outbox::Relay;
+use pgoutbox::kafka::rdkafka::config::ClientConfig;
+use pgoutbox::kafka::rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use pgoutbox::kafka::rdkafka::message::Message;
+use pgoutbox::kafka::rdkafka::mocking::MockCluster;
+use pgoutbox::kafka::{KafkaConfig, Received, ENV_BROKERS};
+use pgoutbox::postgres::{Inbox, Outbox, PgStore};
+use pgoutbox::Relay;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use order_service::{ConsumeUntil, Error, Pending};
+use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
 
 const TOPIC: &str = "outbox-orders";
 
@@ -132,13 +132,17 @@ async fn consume(
                 continue;
             }
         };
-        let payload = String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned();
+        let order: OrderCreated = match meta.decode(message.payload().unwrap_or_default()) {
+            Ok(order) => order,
+            Err(error) => {
+                eprintln!("kafka: skipping a message: {error}");
+                continue;
+            }
+        };
         if order_service::process(inbox, pool, meta.event_id, || {
             format!(
-                "{} {}/{} event {} (partition {}, offset {}) {payload}",
+                "{} event {} (partition {}, offset {}): {order}",
                 meta.event_type,
-                meta.aggregate_type,
-                meta.aggregate_id,
                 meta.event_id,
                 message.partition(),
                 message.offset()

@@ -16,13 +16,13 @@ mod order_service;
 
 use std::time::Duration;
 
-use outbox::nats::{EventConsumer, EventMessage, NatsConfig};
-use outbox::postgres::{Inbox, Outbox, PgStore};
-use outbox::Relay;
+use pgoutbox::nats::{EventConsumer, EventMessage, NatsConfig};
+use pgoutbox::postgres::{Inbox, Outbox, PgStore};
+use pgoutbox::Relay;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use order_service::{ConsumeUntil, Error, Pending};
+use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
 
 const STREAM: &str = "OUTBOX_ORDERS";
 
@@ -105,12 +105,16 @@ async fn consume(
             None => return Err("the JetStream consumer ended".into()),
         };
         let meta = message.metadata.clone();
-        let payload = String::from_utf8_lossy(message.payload()).into_owned();
+        let order: OrderCreated = match message.decode() {
+            Ok(order) => order,
+            Err(error) => {
+                eprintln!("nats: skipping a message: {error}");
+                message.ack().await?;
+                continue;
+            }
+        };
         if order_service::process(inbox, pool, meta.id, || {
-            format!(
-                "{} {}/{} event {} {payload}",
-                meta.event_type, meta.aggregate_type, meta.aggregate_id, meta.id
-            )
+            format!("{} event {}: {order}", meta.event_type, meta.id)
         })
         .await?
         {

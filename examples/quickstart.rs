@@ -15,8 +15,8 @@ mod order_service;
 
 use std::time::Duration;
 
-use outbox::postgres::{Outbox, PgStore};
-use outbox::{Relay, StdoutPublisher, Store};
+use pgoutbox::postgres::{Outbox, PgStore};
+use pgoutbox::{Relay, StdoutPublisher, Store};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 

@@ -19,14 +19,14 @@ mod order_service;
 
 use std::time::Duration;
 
-use outbox::postgres::{Inbox, Outbox, PgStore};
-use outbox::sqs::aws_sdk_sqs::types::QueueAttributeName;
-use outbox::sqs::{Received, SqsConfig, ENV_ENDPOINT, ENV_QUEUE};
-use outbox::Relay;
+use pgoutbox::postgres::{Inbox, Outbox, PgStore};
+use pgoutbox::sqs::aws_sdk_sqs::types::QueueAttributeName;
+use pgoutbox::sqs::{Received, SqsConfig, ENV_ENDPOINT, ENV_QUEUE};
+use pgoutbox::Relay;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use order_service::{ConsumeUntil, Error, Pending};
+use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
 
 const DEFAULT_QUEUE: &str = "outbox-orders.fifo";
 
@@ -109,7 +109,7 @@ async fn run() -> Result<(), Error> {
 /// its inbox transaction committed. In demo mode, return when every event of this run
 /// was consumed (at most 60 s); otherwise at Ctrl-C.
 async fn consume(
-    client: &outbox::sqs::aws_sdk_sqs::Client,
+    client: &pgoutbox::sqs::aws_sdk_sqs::Client,
     queue_url: &str,
     pool: &PgPool,
     inbox: &Inbox,
@@ -151,15 +151,16 @@ async fn consume(
                     continue;
                 }
             };
+            let body = message.body().unwrap_or_default().as_bytes();
+            let order: OrderCreated = match meta.decode(body) {
+                Ok(order) => order,
+                Err(error) => {
+                    eprintln!("sqs: skipping a message: {error}");
+                    continue;
+                }
+            };
             if order_service::process(inbox, pool, meta.event_id, || {
-                format!(
-                    "{} {}/{} event {} {}",
-                    meta.event_type,
-                    meta.aggregate_type,
-                    meta.aggregate_id,
-                    meta.event_id,
-                    message.body().unwrap_or_default()
-                )
+                format!("{} event {}: {order}", meta.event_type, meta.event_id)
             })
             .await?
             {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# moto's SQS server for the outbox-sqs tests and the sqs example.
+# moto's SQS server for the pgoutbox-sqs tests and the sqs example.
 #
-#   scripts/moto.sh cargo test -p outbox-sqs   # start, run the command, stop; exits with its status
+#   scripts/moto.sh cargo test -p pgoutbox-sqs   # start, run the command, stop; exits with its status
 #   source scripts/moto.sh                     # start in the background, export OUTBOX_SQS_ENDPOINT,
 #                                              # stop when the sourcing shell exits
 #   scripts/moto.sh                            # run in the foreground until Ctrl-C

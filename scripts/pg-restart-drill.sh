@@ -20,7 +20,7 @@ say() { printf 'drill: %s\n' "$*" >&2; }
 sql() { psql "$db" -XAtq -v ON_ERROR_STOP=1 -c "$1"; }
 now_ms() { date +%s%3N; }
 
-[ -x "$bin" ] || { say "no outbox binary at $bin (cargo build -p outbox-relay, or set OUTBOX_BIN)"; exit 1; }
+[ -x "$bin" ] || { say "no outbox binary at $bin (cargo build -p pgoutbox-relay, or set OUTBOX_BIN)"; exit 1; }
 cluster=$(ls /etc/postgresql)
 
 producer_pid=

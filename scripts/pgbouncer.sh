@@ -4,7 +4,7 @@
 #
 #   source scripts/pgbouncer.sh   # start in the background, export OUTBOX_PGBOUNCER_URL,
 #                                 # stop when the sourcing shell exits
-#   scripts/pgbouncer.sh cargo test -p outbox-postgres --test pgbouncer
+#   scripts/pgbouncer.sh cargo test -p pgoutbox-postgres --test pgbouncer
 #                                 # start, run the command, stop; exits with its status
 #   scripts/pgbouncer.sh          # run in the foreground until Ctrl-C
 #

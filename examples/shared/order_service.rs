@@ -13,11 +13,37 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use outbox::postgres::{migrate, Inbox, Outbox, PgStore, Processed, Tables};
-use outbox::{NewEvent, RelayConfig};
+use pgoutbox::postgres::{migrate, Inbox, Outbox, PgStore, Processed, Tables};
+use pgoutbox::{NewEvent, RelayConfig, TypedEvent};
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+/// The event this service publishes: producers serialise it into the outbox,
+/// consumers decode it from the broker's message with their adapter's `decode`.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct OrderCreated {
+    pub(crate) order_id: i64,
+    pub(crate) customer: String,
+    pub(crate) total_cents: i64,
+}
+
+impl TypedEvent for OrderCreated {
+    fn event_type(&self) -> &str {
+        "order.created"
+    }
+}
+
+impl std::fmt::Display for OrderCreated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "order {} for {}: {} cents",
+            self.order_id, self.customer, self.total_cents
+        )
+    }
+}
 
 /// The examples' error type.
 pub(crate) type Error = Box<dyn std::error::Error>;
@@ -162,12 +188,12 @@ pub(crate) async fn produce(
         .bind(total_cents)
         .fetch_one(&mut *tx)
         .await?;
-        let event = NewEvent::new(
-            "order",
-            order_id.to_string(),
-            "order.created",
-            &serde_json::json!({ "order_id": order_id, "customer": customer, "total_cents": total_cents }),
-        );
+        let created = OrderCreated {
+            order_id,
+            customer: customer.to_owned(),
+            total_cents,
+        };
+        let event = NewEvent::typed("order", order_id.to_string(), &created)?;
         outbox.enqueue(&mut tx, &event).await?;
         if let Some(pending) = pending {
             pending.expect(event.id);

@@ -15,8 +15,8 @@ pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// How to reach the broker and where to publish.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), outbox_amqp::Error> {
-/// use outbox_amqp::{AmqpConfig, AmqpRouting};
+/// # async fn demo() -> Result<(), pgoutbox_amqp::Error> {
+/// use pgoutbox_amqp::{AmqpConfig, AmqpRouting};
 /// let publisher = AmqpConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f")
 ///     .routing(AmqpRouting::new("shop.events"))
 ///     .build()?;
@@ -31,7 +31,7 @@ pub struct AmqpConfig {
     /// Longest wait for connecting, sending a message and its publisher confirm; a
     /// message not confirmed in time is a retryable failure. Defaults to 10 s.
     pub timeout: Duration,
-    /// Connection name shown by the broker. Defaults to `outbox-relay`.
+    /// Connection name shown by the broker. Defaults to `pgoutbox-relay`.
     pub connection_name: String,
 }
 
@@ -71,7 +71,7 @@ impl AmqpConfig {
             url: url.into(),
             routing: AmqpRouting::default(),
             timeout: Duration::from_secs(10),
-            connection_name: "outbox-relay".into(),
+            connection_name: "pgoutbox-relay".into(),
         }
     }
 
@@ -139,7 +139,7 @@ impl AmqpConfig {
         self
     }
 
-    /// Set the connection name. Defaults to `outbox-relay`.
+    /// Set the connection name. Defaults to `pgoutbox-relay`.
     #[must_use]
     pub fn connection_name(mut self, name: impl Into<String>) -> Self {
         self.connection_name = name.into();
@@ -157,7 +157,7 @@ impl AmqpConfig {
     }
 
     /// Validate and return the publisher; it connects on its first batch (or
-    /// [`check`](outbox_core::Publisher::check)), and again after any connection loss,
+    /// [`check`](pgoutbox_core::Publisher::check)), and again after any connection loss,
     /// so a relay can start while the broker is down.
     pub fn build(self) -> Result<AmqpPublisher> {
         self.validate()?;

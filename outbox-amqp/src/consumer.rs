@@ -3,7 +3,8 @@
 use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
-use outbox_core::{envelope, Headers, TRACEPARENT};
+use pgoutbox_core::{envelope, Headers, TRACEPARENT};
+use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -12,8 +13,8 @@ use crate::headers;
 /// The outbox metadata of a delivery.
 ///
 /// ```no_run
-/// # fn demo(delivery: &outbox_amqp::lapin::message::Delivery) -> Result<(), outbox_amqp::Error> {
-/// let meta = outbox_amqp::Metadata::from_delivery(delivery)?;
+/// # fn demo(delivery: &pgoutbox_amqp::lapin::message::Delivery) -> Result<(), pgoutbox_amqp::Error> {
+/// let meta = pgoutbox_amqp::Metadata::from_delivery(delivery)?;
 /// println!("{} {}", meta.id, meta.event_type);
 /// # Ok(()) }
 /// ```
@@ -81,6 +82,15 @@ impl Metadata {
             created_at: meta.created_at,
             headers: meta.headers,
         })
+    }
+
+    /// Read `body` (the message's payload) as `T`; an error names the event id and
+    /// type ([`pgoutbox_core::DecodeError`]).
+    pub fn decode<T: DeserializeOwned>(
+        &self,
+        body: &[u8],
+    ) -> std::result::Result<T, pgoutbox_core::DecodeError> {
+        pgoutbox_core::envelope::decode(self.id, &self.event_type, body)
     }
 
     /// The W3C `traceparent`, if the producer recorded one.

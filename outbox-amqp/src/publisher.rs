@@ -8,7 +8,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareO
 use lapin::publisher_confirm::{Confirmation, PublisherConfirm};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox_core::{Event, Outcome, PublishError, Publisher};
+use pgoutbox_core::{Event, Outcome, PublishError, Publisher};
 use tokio::sync::Mutex;
 
 use crate::config::{redact, AmqpConfig};
@@ -24,7 +24,7 @@ use crate::routing::{AmqpRouting, MAX_SHORT_STRING};
 /// so a message no queue is bound for comes back (`basic.return`) and fails
 /// permanently, alone. A `nack` fails its message only (retryable). No connection
 /// (refused, lost mid-batch, authentication failed) fails the batch as
-/// [`outbox_core::FailureKind::Unavailable`]: an outage counts no attempt.
+/// [`pgoutbox_core::FailureKind::Unavailable`]: an outage counts no attempt.
 ///
 /// The connection is opened on first use; a lost connection or channel is dropped and
 /// re-opened by the next batch.
@@ -161,7 +161,7 @@ impl AmqpPublisher {
             );
             Ok(())
         };
-        for (name, value) in outbox_core::envelope::headers(event) {
+        for (name, value) in pgoutbox_core::envelope::headers(event) {
             insert(name, &value)?;
         }
         let id = event.id.to_string();

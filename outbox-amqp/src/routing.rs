@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use outbox_core::Event;
+use pgoutbox_core::Event;
 
 use crate::error::{Error, Result};
 
@@ -156,7 +156,7 @@ mod tests {
     use super::*;
 
     fn event(aggregate_type: &str, event_type: &str) -> Event {
-        outbox_core::conformance::event(aggregate_type, "1", event_type, 1)
+        pgoutbox_core::conformance::event(aggregate_type, "1", event_type, 1)
     }
 
     #[test]

@@ -4,6 +4,6 @@ mod common;
 
 use common::AmqpTarget;
 
-outbox_core::conformance_tests!(AmqpTarget::new().await, |target: AmqpTarget| async move {
+pgoutbox_core::conformance_tests!(AmqpTarget::new().await, |target: AmqpTarget| async move {
     target.delete().await
 });

@@ -7,11 +7,11 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::{amqp_addr, amqp_url, url_via, AmqpTarget};
-use outbox_core::conformance::proxy::TcpProxy;
-use outbox_core::testing::run_relay_while;
-use outbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::{DeadLetterFilter, DeadLetters};
+use pgoutbox_core::conformance::proxy::TcpProxy;
+use pgoutbox_core::testing::run_relay_while;
+use pgoutbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
 use uuid::Uuid;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -170,7 +170,7 @@ async fn an_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
 
     let order = with_relay(&relay, async {
         // Outlast the retry schedule many times over.
-        outbox_core::testing::hold_outage(&health, Duration::from_secs(4), DEADLINE)
+        pgoutbox_core::testing::hold_outage(&health, Duration::from_secs(4), DEADLINE)
             .await
             .expect("an outage the relay sees");
         let attempted: i64 = sqlx::query_scalar(&format!(
@@ -197,7 +197,7 @@ async fn an_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
     .await;
 
     let runs: Vec<Vec<Uuid>> = (0..5).map(|a| vec![ids[a], ids[a + 5]]).collect();
-    outbox_core::testing::check_first_arrivals(&order, &runs).expect("per-aggregate order");
+    pgoutbox_core::testing::check_first_arrivals(&order, &runs).expect("per-aggregate order");
     let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
     assert_eq!(
         dead.count(&DeadLetterFilter::default())
@@ -218,7 +218,7 @@ async fn a_wrong_password_is_an_outage_not_a_message_failure() {
         .config(&url)
         .build()
         .expect("built; it connects on use");
-    let events = vec![outbox_core::conformance::event(
+    let events = vec![pgoutbox_core::conformance::event(
         "order",
         "o-1",
         "order.created",
@@ -226,7 +226,7 @@ async fn a_wrong_password_is_an_outage_not_a_message_failure() {
     )];
     let outcomes = publisher.publish(&events).await;
     let error = match &outcomes[..] {
-        [outbox_core::Outcome::Failed(error)] => error.clone(),
+        [pgoutbox_core::Outcome::Failed(error)] => error.clone(),
         other => panic!("expected one failure, got {other:?}"),
     };
     assert!(error.is_unavailable(), "{error:?}");

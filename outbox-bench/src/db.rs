@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{NewEvent, Publisher, Relay, RelayConfig, Store};
-use outbox_postgres::{Outbox, PgStore, Tables};
+use pgoutbox_core::{NewEvent, Publisher, Relay, RelayConfig, Store};
+use pgoutbox_postgres::{Outbox, PgStore, Tables};
 use sqlx::{Connection, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
@@ -33,7 +33,7 @@ impl Bench {
             .execute(&pool)
             .await?;
         let tables = Tables::in_schema(SCHEMA)?;
-        outbox_postgres::migrate(&pool, &tables).await?;
+        pgoutbox_postgres::migrate(&pool, &tables).await?;
         sqlx::query(&format!(
             "CREATE TABLE {SCHEMA}.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
              customer text NOT NULL, total bigint NOT NULL, \

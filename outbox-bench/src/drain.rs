@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use clap::Args;
-use outbox_core::{NullPublisher, RelayConfig};
-use outbox_postgres::{Retention, StoreConfig};
+use pgoutbox_core::{NullPublisher, RelayConfig};
+use pgoutbox_postgres::{Retention, StoreConfig};
 use serde_json::json;
 
 use crate::db::{run_relays, run_sql_limit, Bench};
@@ -148,7 +148,7 @@ pub(crate) async fn drain_broker(_url: &str, args: &BrokerArgs) -> Result<Report
 /// Drain into NATS JetStream against the null publisher.
 #[cfg(feature = "nats")]
 pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report> {
-    use outbox_nats::{NatsConfig, SubjectRouting};
+    use pgoutbox_nats::{NatsConfig, SubjectRouting};
 
     let o = &args.options;
     let bench = Bench::fresh(url).await?;

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use outbox_core::{Event, Outcome, Publisher, Relay, RelayConfig};
+use pgoutbox_core::{Event, Outcome, Publisher, Relay, RelayConfig};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -124,7 +124,7 @@ pub(crate) async fn latency(url: &str, args: &LatencyArgs) -> Result<Report> {
     for &mode in &args.modes {
         bench.reset().await?;
         if mode == Mode::Notify {
-            outbox_postgres::install_notify_trigger(&bench.pool, &bench.tables).await?;
+            pgoutbox_postgres::install_notify_trigger(&bench.pool, &bench.tables).await?;
         }
         progress(format!("{} at {} events/s", mode.name(), args.rate));
         let p = measure(&bench, mode, args.rate, duration).await?;
@@ -136,7 +136,7 @@ pub(crate) async fn latency(url: &str, args: &LatencyArgs) -> Result<Report> {
             p.max
         ));
         if mode == Mode::Notify {
-            outbox_postgres::remove_notify_trigger(&bench.pool, &bench.tables).await?;
+            pgoutbox_postgres::remove_notify_trigger(&bench.pool, &bench.tables).await?;
         }
         results.push((mode, p));
     }

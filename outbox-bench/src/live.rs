@@ -136,7 +136,7 @@ fn binary(given: Option<&PathBuf>) -> Result<PathBuf> {
         .ok_or_else(|| {
             format!(
                 "the `outbox` binary is not at {candidates:?}; build it with \
-                 `cargo build --release -p outbox-relay --no-default-features --features nats` \
+                 `cargo build --release -p pgoutbox-relay --no-default-features --features nats` \
                  or pass --binary"
             )
             .into()
@@ -167,7 +167,7 @@ mod nats {
     use std::time::{Duration, Instant};
 
     use futures_util::StreamExt;
-    use outbox_nats::{NatsConfig, SubjectRouting};
+    use pgoutbox_nats::{NatsConfig, SubjectRouting};
     use uuid::Uuid;
 
     use super::{LiveArgs, LiveResult};
@@ -302,7 +302,7 @@ mod nats {
                     let id = message
                         .headers
                         .as_ref()
-                        .and_then(|h| h.get(outbox_core::envelope::EVENT_ID))
+                        .and_then(|h| h.get(pgoutbox_core::envelope::EVENT_ID))
                         .and_then(|v| Uuid::parse_str(v.as_str()).ok());
                     if let (Some(id), Ok(mut arrived)) = (id, arrived.lock()) {
                         arrived.push((id, now));

@@ -47,11 +47,11 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
-    pub(crate) fn wakeup(self) -> outbox_postgres::Wakeup {
+    pub(crate) fn wakeup(self) -> pgoutbox_postgres::Wakeup {
         match self {
-            Mode::Fixed => outbox_postgres::Wakeup::FixedPoll,
-            Mode::Adaptive => outbox_postgres::Wakeup::adaptive(),
-            Mode::Notify => outbox_postgres::Wakeup::notify(),
+            Mode::Fixed => pgoutbox_postgres::Wakeup::FixedPoll,
+            Mode::Adaptive => pgoutbox_postgres::Wakeup::adaptive(),
+            Mode::Notify => pgoutbox_postgres::Wakeup::notify(),
         }
     }
 

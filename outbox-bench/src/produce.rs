@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use outbox_core::{NullPublisher, Relay, RelayConfig};
+use pgoutbox_core::{NullPublisher, Relay, RelayConfig};
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
 
@@ -118,7 +118,7 @@ pub(crate) async fn produce(url: &str, args: &ProduceArgs) -> Result<Report> {
     for &mode in &args.modes {
         bench.reset().await?;
         if mode == Mode::Notify {
-            outbox_postgres::install_notify_trigger(&bench.pool, &bench.tables).await?;
+            pgoutbox_postgres::install_notify_trigger(&bench.pool, &bench.tables).await?;
         }
         let store = bench.store(3).await?.with_wakeup(mode.wakeup());
         let relay = Relay::new(store, NullPublisher).with_config(RelayConfig::default());
@@ -137,7 +137,7 @@ pub(crate) async fn produce(url: &str, args: &ProduceArgs) -> Result<Report> {
         let rate = rate?;
         progress(format!("{}: {rate:.0} tx/s", mode.name()));
         if mode == Mode::Notify {
-            outbox_postgres::remove_notify_trigger(&bench.pool, &bench.tables).await?;
+            pgoutbox_postgres::remove_notify_trigger(&bench.pool, &bench.tables).await?;
         }
         results.push((mode, rate));
     }

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use outbox_core::{NullPublisher, Relay, RelayConfig};
+use pgoutbox_core::{NullPublisher, Relay, RelayConfig};
 use serde_json::json;
 
 use crate::db::{event, run_relays, Bench};
@@ -153,7 +153,7 @@ pub(crate) async fn idle(url: &str, args: &IdleArgs) -> Result<Report> {
     for &mode in &args.modes {
         bench.reset().await?;
         if mode == Mode::Notify {
-            outbox_postgres::install_notify_trigger(&bench.pool, &bench.tables).await?;
+            pgoutbox_postgres::install_notify_trigger(&bench.pool, &bench.tables).await?;
         }
         let store = bench.store(3).await?.with_wakeup(mode.wakeup());
         let relay = Relay::new(store, NullPublisher).with_config(RelayConfig::default());
@@ -195,7 +195,7 @@ pub(crate) async fn idle(url: &str, args: &IdleArgs) -> Result<Report> {
         );
         let (claims, own, pg) = result?;
         if mode == Mode::Notify {
-            outbox_postgres::remove_notify_trigger(&bench.pool, &bench.tables).await?;
+            pgoutbox_postgres::remove_notify_trigger(&bench.pool, &bench.tables).await?;
         }
         results.push((mode, claims, own, pg));
     }

@@ -3,8 +3,8 @@
 //! Every drain here uses the null publisher, so the figures are the store's.
 
 use clap::Args;
-use outbox_core::{NullPublisher, RelayConfig};
-use outbox_postgres::{Retention, StoreConfig};
+use pgoutbox_core::{NullPublisher, RelayConfig};
+use pgoutbox_postgres::{Retention, StoreConfig};
 use serde_json::json;
 
 use crate::db::{run_relays, Bench, Keys};

@@ -12,8 +12,8 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use outbox_core::conformance::{BoxError, ConformanceTarget, ReceivedMessage};
-//! use outbox_core::{Event, NullPublisher};
+//! use pgoutbox_core::conformance::{BoxError, ConformanceTarget, ReceivedMessage};
+//! use pgoutbox_core::{Event, NullPublisher};
 //!
 //! struct MyBroker; // e.g. holds a unique stream/queue name per test
 //!
@@ -28,7 +28,7 @@
 //! }
 //!
 //! // Every check, one test each (or call e.g. `conformance::publish_and_read_back`).
-//! outbox_core::conformance_tests!(MyBroker);
+//! pgoutbox_core::conformance_tests!(MyBroker);
 //! ```
 //!
 //! Rules the suite relies on:
@@ -48,7 +48,9 @@ use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use crate::event::{Event, Headers, TRACEPARENT};
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Event, Headers, NewEvent, TypedEvent, TRACEPARENT};
 use crate::publisher::{FailureKind, Outcome, Publisher};
 
 pub mod proxy;
@@ -172,7 +174,7 @@ fn traced(mut e: Event, n: usize) -> Event {
 /// (The module documentation has a complete example.)
 ///
 /// ```text
-/// outbox_core::conformance_tests!(MyBroker::new().await, |b: MyBroker| async move {
+/// pgoutbox_core::conformance_tests!(MyBroker::new().await, |b: MyBroker| async move {
 ///     b.delete().await
 /// });
 /// ```
@@ -190,6 +192,7 @@ macro_rules! conformance_tests {
             republish_is_published,
             refused_message_fails_alone,
             failed_event_holds_back_its_run,
+            typed_payload_round_trip,
             unreachable_broker_is_unavailable,
         );
     };
@@ -202,6 +205,83 @@ macro_rules! conformance_tests {
             cleanup(target).await;
         }
     )*};
+}
+
+/// A payload written from a typed value ([`NewEvent::typed`]) is read back on the
+/// consumer side ([`crate::envelope::decode`]) as the same value, non-ASCII text,
+/// escapes and `null` included; decoding it as another type names the event.
+pub async fn typed_payload_round_trip<T: ConformanceTarget>(target: &T) {
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(tag = "kind")]
+    enum AccountEvent {
+        Opened {
+            owner: String,
+            limit_cents: i64,
+            tags: Vec<String>,
+        },
+        Closed {
+            reason: Option<String>,
+        },
+    }
+    impl TypedEvent for AccountEvent {
+        fn event_type(&self) -> &str {
+            match self {
+                AccountEvent::Opened { .. } => "conformance.account.opened",
+                AccountEvent::Closed { .. } => "conformance.account.closed",
+            }
+        }
+    }
+    #[derive(Debug, Deserialize)]
+    struct NotAnAccountEvent {
+        #[allow(dead_code)]
+        amount: u64,
+    }
+
+    let values = [
+        AccountEvent::Opened {
+            owner: "Zo\u{eb} \u{2713} \u{1f600}".into(),
+            limit_cents: -5_000,
+            tags: vec!["a\"b".into(), "line\nbreak".into()],
+        },
+        AccountEvent::Closed { reason: None },
+        AccountEvent::Closed {
+            reason: Some("tab\there".into()),
+        },
+    ];
+    let events: Vec<Event> = values
+        .iter()
+        .enumerate()
+        .map(|(i, value)| {
+            let new = NewEvent::typed("conformance_account", "a-1", value)
+                .unwrap_or_else(|e| panic!("cannot serialise a test value: {e}"));
+            let mut e = event("conformance_account", "a-1", &new.event_type, i as i64);
+            e.id = new.id;
+            e.payload = RawValue::from_string(new.payload)
+                .unwrap_or_else(|e| panic!("serde_json wrote invalid JSON: {e}"));
+            e
+        })
+        .collect();
+    let publisher = build(target.publisher(), "publisher").await;
+    let outcomes = publish(&publisher, &events).await;
+    assert_all_published(&events, &outcomes);
+    let received = collect(target, &ids(&events), &HashSet::new()).await;
+    for (value, got) in values.iter().zip(&received) {
+        let decoded: AccountEvent = crate::envelope::decode(got.id, &got.event_type, &got.payload)
+            .unwrap_or_else(|e| panic!("typed payload does not read back: {e}"));
+        assert_eq!(
+            &decoded, value,
+            "message {} decodes to another value",
+            got.id
+        );
+    }
+    let first = &received[0];
+    let err =
+        crate::envelope::decode::<NotAnAccountEvent>(first.id, &first.event_type, &first.payload)
+            .expect_err("an account event is not a NotAnAccountEvent");
+    assert!(
+        err.to_string().contains(&first.id.to_string()),
+        "decode error does not name the event: {err}"
+    );
 }
 
 /// An empty batch publishes nothing and returns no outcome.

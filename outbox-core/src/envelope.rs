@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use crate::event::{Event, Headers};
@@ -98,7 +99,42 @@ pub enum EnvelopeError {
     },
 }
 
+/// A received message's body does not decode as the type the consumer asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("event {event_id} ({event_type}): body does not decode as `{target}`: {reason}")]
+pub struct DecodeError {
+    /// The event.
+    pub event_id: Uuid,
+    /// Its type.
+    pub event_type: String,
+    /// The Rust type asked for.
+    pub target: &'static str,
+    /// What the JSON parser said (line and column included).
+    pub reason: String,
+}
+
+/// Read a message body (the event's JSON payload) as `T`; an error names the event
+/// id and type, and the type asked for. Every adapter's consumer metadata has a
+/// `decode` method that calls this with its own id and type.
+pub fn decode<T: DeserializeOwned>(
+    event_id: Uuid,
+    event_type: &str,
+    body: &[u8],
+) -> Result<T, DecodeError> {
+    serde_json::from_slice(body).map_err(|e| DecodeError {
+        event_id,
+        event_type: event_type.to_owned(),
+        target: std::any::type_name::<T>(),
+        reason: e.to_string(),
+    })
+}
+
 impl Metadata {
+    /// Read `body` (the message's payload) as `T`.
+    pub fn decode<T: DeserializeOwned>(&self, body: &[u8]) -> Result<T, DecodeError> {
+        decode(self.event_id, &self.event_type, body)
+    }
+
     /// Read the metadata from a message's header pairs (names compared without case;
     /// for a repeated name the first value wins). Headers not in [`RESERVED`] are kept
     /// in [`Metadata::headers`].
@@ -173,6 +209,37 @@ mod tests {
             created_at: Utc::now(),
             attempts: 0,
         }
+    }
+
+    #[test]
+    fn a_body_decodes_as_the_type_asked_for_or_names_the_event() {
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        struct OrderCreated {
+            total_cents: i64,
+        }
+        let meta = Metadata::from_headers([
+            (EVENT_ID, "0190a0a0-0000-7000-8000-000000000001"),
+            (EVENT_TYPE, "order.created"),
+            (AGGREGATE_TYPE, "order"),
+            (AGGREGATE_ID, "42"),
+        ])
+        .expect("metadata");
+        let ok: OrderCreated = meta.decode(br#"{"total_cents": 1999}"#).expect("decodes");
+        assert_eq!(ok, OrderCreated { total_cents: 1999 });
+
+        let err = meta
+            .decode::<OrderCreated>(br#"{"total_cents": "free"}"#)
+            .unwrap_err();
+        assert_eq!(err.event_id, meta.event_id);
+        assert_eq!(err.event_type, "order.created");
+        assert!(err.target.ends_with("OrderCreated"), "{}", err.target);
+        let text = err.to_string();
+        assert!(
+            text.contains("0190a0a0-0000-7000-8000-000000000001")
+                && text.contains("order.created")
+                && text.contains("invalid type"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -53,6 +53,13 @@ impl Event {
     }
 }
 
+/// A payload type that names its own event type, for [`NewEvent::typed`]; an enum
+/// of a domain's events names one type per variant.
+pub trait TypedEvent: Serialize {
+    /// The event type of this value, e.g. `order.created`.
+    fn event_type(&self) -> &str;
+}
+
 /// An event to enqueue in the caller's transaction.
 ///
 /// Built with [`NewEvent::new`] (a JSON value, always valid) or
@@ -111,6 +118,69 @@ impl NewEvent {
             destination: None,
             not_before: None,
         }
+    }
+
+    /// A new event whose payload is `payload` serialised as JSON (any
+    /// `T: Serialize`). Fails, naming the event id and type, when `T`'s
+    /// serialisation fails (e.g. a map with non-string keys).
+    ///
+    /// ```
+    /// #[derive(serde::Serialize)]
+    /// struct OrderCreated { order_id: u64, total_cents: i64 }
+    ///
+    /// let event = pgoutbox_core::NewEvent::serialize(
+    ///     "order", "42", "order.created", &OrderCreated { order_id: 42, total_cents: 1999 },
+    /// )?;
+    /// assert_eq!(event.payload, r#"{"order_id":42,"total_cents":1999}"#);
+    /// # Ok::<(), pgoutbox_core::EventError>(())
+    /// ```
+    pub fn serialize<T: Serialize + ?Sized>(
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: &T,
+    ) -> Result<Self, EventError> {
+        let mut event = Self::from_json_str(aggregate_type, aggregate_id, event_type, "");
+        event.payload =
+            serde_json::to_string(payload).map_err(|e| EventError::UnserializablePayload {
+                event_id: event.id,
+                event_type: event.event_type.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(event)
+    }
+
+    /// A new event from a payload that names its own event type ([`TypedEvent`]).
+    ///
+    /// ```
+    /// #[derive(serde::Serialize)]
+    /// #[serde(tag = "kind")]
+    /// enum OrderEvent { Created { total_cents: i64 }, Cancelled }
+    ///
+    /// impl pgoutbox_core::TypedEvent for OrderEvent {
+    ///     fn event_type(&self) -> &str {
+    ///         match self {
+    ///             OrderEvent::Created { .. } => "order.created",
+    ///             OrderEvent::Cancelled => "order.cancelled",
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// let event = pgoutbox_core::NewEvent::typed("order", "42", &OrderEvent::Cancelled)?;
+    /// assert_eq!(event.event_type, "order.cancelled");
+    /// # Ok::<(), pgoutbox_core::EventError>(())
+    /// ```
+    pub fn typed<T: TypedEvent + ?Sized>(
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        payload: &T,
+    ) -> Result<Self, EventError> {
+        Self::serialize(
+            aggregate_type,
+            aggregate_id,
+            payload.event_type().to_owned(),
+            payload,
+        )
     }
 
     /// Use this id instead of a generated one (e.g. to make the enqueue idempotent).
@@ -224,6 +294,16 @@ pub enum EventError {
         /// The event.
         event_id: Uuid,
     },
+    /// The payload value could not be serialised as JSON.
+    #[error("payload of event {event_id} ({event_type}) cannot be serialised as JSON: {reason}")]
+    UnserializablePayload {
+        /// The event.
+        event_id: Uuid,
+        /// Its type, to find the producer.
+        event_type: String,
+        /// What the serialiser said.
+        reason: String,
+    },
     /// The payload is not valid JSON (or not storable as jsonb).
     #[error("payload of event {event_id} ({event_type}) is not valid JSON: {reason}")]
     InvalidPayload {
@@ -244,6 +324,47 @@ mod tests {
     fn valid_event_passes() {
         let e = NewEvent::new("order", "1", "order.created", &serde_json::json!({"a": 1}));
         assert_eq!(e.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_value_that_cannot_be_json_is_refused_naming_the_event() {
+        // JSON object keys must be strings; a map keyed by tuples has none.
+        let payload: BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into_iter().collect();
+        let err = NewEvent::serialize("order", "1", "order.created", &payload).unwrap_err();
+        let EventError::UnserializablePayload {
+            event_type, reason, ..
+        } = &err
+        else {
+            panic!("wrong error: {err:?}");
+        };
+        assert_eq!(event_type, "order.created");
+        assert!(reason.contains("key must be a string"), "{reason}");
+        assert!(err.to_string().contains("(order.created)"), "{err}");
+    }
+
+    #[test]
+    fn a_typed_event_names_its_own_type_and_passes_validation() {
+        #[derive(Serialize)]
+        #[serde(tag = "kind")]
+        enum OrderEvent {
+            Created { total_cents: i64 },
+            Cancelled,
+        }
+        impl TypedEvent for OrderEvent {
+            fn event_type(&self) -> &str {
+                match self {
+                    OrderEvent::Created { .. } => "order.created",
+                    OrderEvent::Cancelled => "order.cancelled",
+                }
+            }
+        }
+        let created = NewEvent::typed("order", "7", &OrderEvent::Created { total_cents: 5 })
+            .expect("serialisable");
+        assert_eq!(created.event_type, "order.created");
+        assert_eq!(created.payload, r#"{"kind":"Created","total_cents":5}"#);
+        assert_eq!(created.validate(), Ok(()));
+        let cancelled = NewEvent::typed("order", "7", &OrderEvent::Cancelled).expect("ok");
+        assert_eq!(cancelled.event_type, "order.cancelled");
     }
 
     #[test]

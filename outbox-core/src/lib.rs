@@ -21,7 +21,8 @@ pub mod testing;
 mod waves;
 
 pub use broker_health::{BrokerHealth, BrokerStatus};
-pub use event::{Event, EventError, Headers, NewEvent, TRACEPARENT};
+pub use envelope::DecodeError;
+pub use event::{Event, EventError, Headers, NewEvent, TypedEvent, TRACEPARENT};
 pub use liveness::Liveness;
 pub use local::{ChannelPublisher, NullPublisher, StdoutPublisher};
 pub use publisher::{DynPublisher, FailureKind, Outcome, PublishError, Publisher};

@@ -163,7 +163,7 @@ impl<P: Publisher + ?Sized> Publisher for Box<P> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use outbox_core::{DynPublisher, NullPublisher, StdoutPublisher};
+/// use pgoutbox_core::{DynPublisher, NullPublisher, StdoutPublisher};
 ///
 /// let quiet = true;
 /// let publisher: Arc<dyn DynPublisher> = if quiet {

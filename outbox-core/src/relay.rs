@@ -144,8 +144,8 @@ pub struct BatchReport {
 /// Moves events from a [`Store`] to a [`Publisher`], at least once.
 ///
 /// ```no_run
-/// # async fn demo<S: outbox_core::Store, P: outbox_core::Publisher>(store: S, publisher: P) {
-/// use outbox_core::{Relay, RelayConfig};
+/// # async fn demo<S: pgoutbox_core::Store, P: pgoutbox_core::Publisher>(store: S, publisher: P) {
+/// use pgoutbox_core::{Relay, RelayConfig};
 /// let relay = Relay::new(store, publisher).with_config(RelayConfig::default());
 /// relay.run(async { let _ = tokio::signal::ctrl_c().await; }).await;
 /// # }

@@ -12,8 +12,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
-use outbox_core::{Event, Outcome, Publisher};
+use pgoutbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
+use pgoutbox_core::{Event, Outcome, Publisher};
 
 /// How the stand-in publisher misbehaves.
 #[derive(Clone, Copy, PartialEq)]

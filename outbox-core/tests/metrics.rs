@@ -4,8 +4,8 @@
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
-use outbox_core::testing::{MemoryStore, RecordingPublisher};
-use outbox_core::{telemetry, NewEvent, PublishError, Relay};
+use pgoutbox_core::testing::{MemoryStore, RecordingPublisher};
+use pgoutbox_core::{telemetry, NewEvent, PublishError, Relay};
 
 #[tokio::test(flavor = "current_thread")]
 async fn relay_reports_published_failed_dead_and_batch_duration() {

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use outbox_core::testing::{check_first_arrivals, run_relay_while, MemoryStore};
-use outbox_core::{
+use pgoutbox_core::testing::{check_first_arrivals, run_relay_while, MemoryStore};
+use pgoutbox_core::{
     BrokerStatus, Event, NewEvent, Outcome, PublishError, Publisher, Relay, RelayConfig,
     RetryPolicy,
 };
@@ -17,7 +17,7 @@ use uuid::Uuid;
 /// How the stand-in broker fails while it is down.
 #[derive(Clone, Copy)]
 enum Symptom {
-    /// It says so: every message fails with [`outbox_core::FailureKind::Unavailable`].
+    /// It says so: every message fails with [`pgoutbox_core::FailureKind::Unavailable`].
     Unavailable,
     /// It cannot tell: every message fails retryably; only the check shows the outage.
     Retryable,

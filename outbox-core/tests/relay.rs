@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::testing::{MemoryStore, RecordingPublisher};
-use outbox_core::{NewEvent, PublishError, Relay, RelayConfig, RetryPolicy};
+use pgoutbox_core::testing::{MemoryStore, RecordingPublisher};
+use pgoutbox_core::{NewEvent, PublishError, Relay, RelayConfig, RetryPolicy};
 
 fn event(aggregate: &str, n: u32) -> NewEvent {
     NewEvent::new(
@@ -32,18 +32,18 @@ fn config(batch_size: usize) -> RelayConfig {
 /// A publisher whose publish never returns.
 struct Hang;
 
-impl outbox_core::Publisher for Hang {
-    async fn publish(&self, _: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+impl pgoutbox_core::Publisher for Hang {
+    async fn publish(&self, _: &[pgoutbox_core::Event]) -> Vec<pgoutbox_core::Outcome> {
         std::future::pending().await
     }
 }
 
 /// Run the relay until the store has nothing pending or `limit` passes.
-async fn run_until_drained<P: outbox_core::Publisher>(relay: &Relay<MemoryStore, P>) {
+async fn run_until_drained<P: pgoutbox_core::Publisher>(relay: &Relay<MemoryStore, P>) {
     let store = relay.store().clone();
     let drained = async move {
         for _ in 0..2000 {
-            if outbox_core::Store::pending(&store).await.unwrap_or(1) == 0 {
+            if pgoutbox_core::Store::pending(&store).await.unwrap_or(1) == 0 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -181,8 +181,8 @@ async fn ordering_holds_back_only_the_failing_aggregate() {
 #[tokio::test]
 async fn publisher_returning_too_few_outcomes_means_retry_not_loss() {
     struct Short;
-    impl outbox_core::Publisher for Short {
-        async fn publish(&self, _: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+    impl pgoutbox_core::Publisher for Short {
+        async fn publish(&self, _: &[pgoutbox_core::Event]) -> Vec<pgoutbox_core::Outcome> {
             Vec::new()
         }
     }
@@ -317,12 +317,12 @@ async fn no_publish_call_holds_two_events_of_one_aggregate() {
 #[tokio::test]
 async fn a_run_cut_by_the_publish_timeout_is_held_back_not_failed() {
     struct SlowAfterFirst(AtomicU32);
-    impl outbox_core::Publisher for SlowAfterFirst {
-        async fn publish(&self, events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+    impl pgoutbox_core::Publisher for SlowAfterFirst {
+        async fn publish(&self, events: &[pgoutbox_core::Event]) -> Vec<pgoutbox_core::Outcome> {
             if self.0.fetch_add(1, Ordering::SeqCst) > 0 {
                 std::future::pending::<()>().await;
             }
-            vec![outbox_core::Outcome::Published; events.len()]
+            vec![pgoutbox_core::Outcome::Published; events.len()]
         }
     }
     let store = MemoryStore::new();
@@ -426,7 +426,7 @@ async fn liveness_tells_a_stuck_claim_loop_from_an_idle_one() {
 /// and its failures keep their kind.
 #[tokio::test]
 async fn boxed_publisher_drives_the_relay() {
-    use outbox_core::{DynPublisher, Event, Outcome, Publisher};
+    use pgoutbox_core::{DynPublisher, Event, Outcome, Publisher};
 
     /// Refuses one event type, publishes the rest.
     struct Picky {
@@ -471,5 +471,5 @@ async fn boxed_publisher_drives_the_relay() {
     run_until_drained(&relay).await;
     assert_eq!(store.published_ids(), ids);
     assert_eq!(store.dead_letter_ids(), vec![refused.id]);
-    outbox_core::testing::check_first_arrivals(&recorder.published_ids(), &runs).unwrap();
+    pgoutbox_core::testing::check_first_arrivals(&recorder.published_ids(), &runs).unwrap();
 }

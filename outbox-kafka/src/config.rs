@@ -190,7 +190,7 @@ impl KafkaConfig {
     }
 
     /// Validate and create the publisher (no connection is made yet; see
-    /// [`outbox_core::Publisher::check`]).
+    /// [`pgoutbox_core::Publisher::check`]).
     pub fn build(self) -> Result<KafkaPublisher> {
         KafkaPublisher::new(self)
     }

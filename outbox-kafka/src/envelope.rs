@@ -1,14 +1,15 @@
 //! The message envelope: header names, and reading them back on the consumer side.
 
 use chrono::{DateTime, Utc};
-use outbox_core::envelope::{self, EnvelopeError};
-use outbox_core::{Event, Headers, TRACEPARENT};
+use pgoutbox_core::envelope::{self, EnvelopeError};
+use pgoutbox_core::{Event, Headers, TRACEPARENT};
 use rdkafka::message::{Header, Headers as _, Message, OwnedHeaders};
+use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
 
-pub use outbox_core::envelope::{
+pub use pgoutbox_core::envelope::{
     AGGREGATE_ID as HEADER_AGGREGATE_ID, AGGREGATE_TYPE as HEADER_AGGREGATE_TYPE,
     CREATED_AT as HEADER_CREATED_AT, EVENT_ID as HEADER_EVENT_ID, EVENT_TYPE as HEADER_EVENT_TYPE,
     RESERVED as RESERVED_HEADERS,
@@ -31,8 +32,8 @@ pub(crate) fn headers(event: &Event) -> OwnedHeaders {
 /// The outbox metadata of a received Kafka message.
 ///
 /// ```no_run
-/// # fn demo(message: &rdkafka::message::BorrowedMessage<'_>) -> Result<(), outbox_kafka::Error> {
-/// let received = outbox_kafka::Received::from_message(message)?;
+/// # fn demo(message: &rdkafka::message::BorrowedMessage<'_>) -> Result<(), pgoutbox_kafka::Error> {
+/// let received = pgoutbox_kafka::Received::from_message(message)?;
 /// println!("{} {} ({})", received.event_type, received.event_id, received.aggregate_id);
 /// # Ok(()) }
 /// ```
@@ -99,6 +100,15 @@ impl Received {
             })?,
             headers: meta.headers,
         })
+    }
+
+    /// Read `body` (the message's payload) as `T`; an error names the event id and
+    /// type ([`pgoutbox_core::DecodeError`]).
+    pub fn decode<T: DeserializeOwned>(
+        &self,
+        body: &[u8],
+    ) -> std::result::Result<T, pgoutbox_core::DecodeError> {
+        pgoutbox_core::envelope::decode(self.event_id, &self.event_type, body)
     }
 
     /// The W3C `traceparent` header, when the producer recorded one.

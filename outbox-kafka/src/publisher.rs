@@ -3,7 +3,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use outbox_core::{Event, Outcome, PublishError, Publisher};
+use pgoutbox_core::{Event, Outcome, PublishError, Publisher};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use outbox_core::{Event, PublishError};
+use pgoutbox_core::{Event, PublishError};
 
 use crate::error::{Error, Result};
 
@@ -13,7 +13,7 @@ const MAX_TOPIC_LEN: usize = 249;
 /// The routing rule, most specific first: the event's destination, a route for its
 /// event type, a route for its aggregate type, the fixed default topic, and
 /// `<prefix><aggregate_type>`. Collected by [`crate::KafkaConfig`], then
-/// [compiled](Routing::compile) into the shared [`outbox_core::Routing`].
+/// [compiled](Routing::compile) into the shared [`pgoutbox_core::Routing`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Routing {
     pub(crate) prefix: String,
@@ -30,7 +30,7 @@ impl Routing {
             Some(topic) => topic.clone(),
             None => format!("{}{{aggregate_type}}", self.prefix),
         };
-        let mut rules = outbox_core::Routing::new(template);
+        let mut rules = pgoutbox_core::Routing::new(template);
         for (aggregate_type, topic) in &self.by_aggregate_type {
             rules = rules.aggregate_type(aggregate_type, topic);
         }
@@ -43,7 +43,7 @@ impl Routing {
 
 /// The compiled routing rule of a publisher.
 #[derive(Debug, Clone)]
-pub(crate) struct Topics(outbox_core::Routing);
+pub(crate) struct Topics(pgoutbox_core::Routing);
 
 impl Topics {
     /// The topic of `event`; an invalid name is a permanent failure of that event.

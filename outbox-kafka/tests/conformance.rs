@@ -5,11 +5,11 @@ mod common;
 use std::time::Duration;
 
 use common::{closed_port, consumer, read, unique, MockKafka};
-use outbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
-use outbox_core::Event;
-use outbox_kafka::rdkafka::consumer::StreamConsumer;
-use outbox_kafka::rdkafka::message::Message;
-use outbox_kafka::{KafkaConfig, KafkaPublisher, Received};
+use pgoutbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
+use pgoutbox_core::Event;
+use pgoutbox_kafka::rdkafka::consumer::StreamConsumer;
+use pgoutbox_kafka::rdkafka::message::Message;
+use pgoutbox_kafka::{KafkaConfig, KafkaPublisher, Received};
 
 const PARTITIONS: i32 = 3;
 
@@ -87,4 +87,4 @@ impl ConformanceTarget for Kafka {
     }
 }
 
-outbox_core::conformance_tests!(Kafka::new());
+pgoutbox_core::conformance_tests!(Kafka::new());

@@ -7,20 +7,20 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::{consumer, key, read, unique, MockKafka};
-use outbox_core::conformance::event;
-use outbox_core::{
+use pgoutbox_core::conformance::event;
+use pgoutbox_core::{
     Event, FailureKind, NewEvent, Outcome, Publisher, Relay, RelayConfig, RetryPolicy, Store,
 };
-use outbox_kafka::rdkafka::message::Message;
-use outbox_kafka::{KafkaConfig, Received};
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::{DeadLetterFilter, DeadLetters};
+use pgoutbox_kafka::rdkafka::message::Message;
+use pgoutbox_kafka::{KafkaConfig, Received};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
 use uuid::Uuid;
 
-fn ids_of(messages: &[outbox_kafka::rdkafka::message::OwnedMessage]) -> Vec<Uuid> {
+fn ids_of(messages: &[pgoutbox_kafka::rdkafka::message::OwnedMessage]) -> Vec<Uuid> {
     messages
         .iter()
-        .map(|m| outbox_kafka::event_id(m).expect("event id header"))
+        .map(|m| pgoutbox_kafka::event_id(m).expect("event id header"))
         .collect()
 }
 
@@ -65,7 +65,7 @@ async fn events_of_one_aggregate_share_a_partition_in_order() {
         mine.sort_by_key(|m| m.offset());
         let got: Vec<Uuid> = mine
             .iter()
-            .map(|m| outbox_kafka::event_id(*m).unwrap())
+            .map(|m| pgoutbox_kafka::event_id(*m).unwrap())
             .collect();
         let sent: Vec<Uuid> = events
             .iter()
@@ -92,7 +92,7 @@ async fn headers_carry_the_envelope() {
     );
     e.headers.insert("tenant".into(), "acme".into());
     e.headers
-        .insert(outbox_kafka::HEADER_EVENT_ID.into(), "spoofed".into());
+        .insert(pgoutbox_kafka::HEADER_EVENT_ID.into(), "spoofed".into());
     assert_eq!(
         publisher.publish(std::slice::from_ref(&e)).await,
         vec![Outcome::Published]
@@ -119,7 +119,7 @@ async fn headers_carry_the_envelope() {
     assert!((r.created_at - e.created_at).num_milliseconds().abs() < 1);
     assert_eq!(r.traceparent(), e.traceparent());
     assert_eq!(r.headers.get("tenant").map(String::as_str), Some("acme"));
-    assert!(!r.headers.contains_key(outbox_kafka::HEADER_EVENT_ID));
+    assert!(!r.headers.contains_key(pgoutbox_kafka::HEADER_EVENT_ID));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -179,7 +179,7 @@ fn relay_config() -> RelayConfig {
 
 /// Run the relay until the outbox is empty, at most `limit`.
 async fn drain<S: Store, P: Publisher>(relay: &Relay<S, P>, limit: Duration) {
-    outbox_core::testing::drain(relay, limit)
+    pgoutbox_core::testing::drain(relay, limit)
         .await
         .expect("relay drains the outbox");
 }

@@ -15,9 +15,9 @@ pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
 /// How to reach NATS and where to publish.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), outbox_nats::Error> {
+/// # async fn demo() -> Result<(), pgoutbox_nats::Error> {
 /// use std::time::Duration;
-/// use outbox_nats::{NatsConfig, SubjectRouting};
+/// use pgoutbox_nats::{NatsConfig, SubjectRouting};
 ///
 /// let publisher = NatsConfig::new("nats://127.0.0.1:4222")
 ///     .routing(SubjectRouting::new("shop").aggregate_type("payment", "payments.events"))
@@ -37,7 +37,7 @@ pub struct NatsConfig {
     pub timeout: Duration,
     /// Most messages awaiting their PubAck at once; more wait. Defaults to 1024.
     pub max_in_flight: usize,
-    /// Client name shown by the server. Defaults to `outbox-relay`.
+    /// Client name shown by the server. Defaults to `pgoutbox-relay`.
     pub client_name: String,
     /// User and password. Defaults to none.
     pub user_password: Option<(String, String)>,
@@ -73,7 +73,7 @@ impl NatsConfig {
             routing: SubjectRouting::default(),
             timeout: Duration::from_secs(10),
             max_in_flight: 1024,
-            client_name: "outbox-relay".into(),
+            client_name: "pgoutbox-relay".into(),
             user_password: None,
             token: None,
         }
@@ -163,7 +163,7 @@ impl NatsConfig {
         self
     }
 
-    /// Set the client name. Defaults to `outbox-relay`.
+    /// Set the client name. Defaults to `pgoutbox-relay`.
     #[must_use]
     pub fn client_name(mut self, name: impl Into<String>) -> Self {
         self.client_name = name.into();
@@ -212,7 +212,7 @@ impl NatsConfig {
     ///
     /// The connection is made (and re-made after any loss) in the background, so a
     /// relay can start while NATS is down: publishes then fail as retryable until it is
-    /// back. Use [`NatsPublisher::check`](outbox_core::Publisher::check) or
+    /// back. Use [`NatsPublisher::check`](pgoutbox_core::Publisher::check) or
     /// [`NatsConfig::connect`] to wait for a connection.
     pub async fn build(self) -> Result<NatsPublisher> {
         NatsPublisher::start(self, false).await

@@ -1,12 +1,13 @@
 //! Consumer side: read the event id and metadata back from NATS messages.
 
+use serde::de::DeserializeOwned;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, Message as JsMessage};
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
-use outbox_core::{envelope, Headers, TRACEPARENT};
+use pgoutbox_core::{envelope, Headers, TRACEPARENT};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -15,8 +16,8 @@ use crate::headers;
 /// The outbox metadata of a received message.
 ///
 /// ```no_run
-/// # fn demo(message: &outbox_nats::async_nats::Message) -> Result<(), outbox_nats::Error> {
-/// let meta = outbox_nats::Metadata::from_message(message)?;
+/// # fn demo(message: &pgoutbox_nats::async_nats::Message) -> Result<(), pgoutbox_nats::Error> {
+/// let meta = pgoutbox_nats::Metadata::from_message(message)?;
 /// println!("{} {} of {}/{}", meta.id, meta.event_type, meta.aggregate_type, meta.aggregate_id);
 /// # Ok(()) }
 /// ```
@@ -80,6 +81,15 @@ impl Metadata {
         Ok(metadata)
     }
 
+    /// Read `body` (the message's payload) as `T`; an error names the event id and
+    /// type ([`pgoutbox_core::DecodeError`]).
+    pub fn decode<T: DeserializeOwned>(
+        &self,
+        body: &[u8],
+    ) -> std::result::Result<T, pgoutbox_core::DecodeError> {
+        pgoutbox_core::envelope::decode(self.id, &self.event_type, body)
+    }
+
     /// The W3C `traceparent`, if the producer recorded one.
     pub fn traceparent(&self) -> Option<&str> {
         self.headers.get(TRACEPARENT).map(String::as_str)
@@ -106,6 +116,13 @@ impl EventMessage {
         &self.message.payload
     }
 
+    /// The JSON payload read as `T`; an error names the event id and type.
+    pub fn decode<T: DeserializeOwned>(
+        &self,
+    ) -> std::result::Result<T, pgoutbox_core::DecodeError> {
+        self.metadata.decode(&self.message.payload)
+    }
+
     /// Acknowledge the message so the server does not deliver it again.
     pub async fn ack(&self) -> Result<()> {
         self.message
@@ -118,7 +135,7 @@ impl EventMessage {
 /// A durable pull consumer on a stream whose messages come with their [`Metadata`].
 ///
 /// Messages must be acknowledged ([`EventMessage::ack`]) after processing; with an
-/// inbox ([`outbox_postgres::Inbox`](https://docs.rs/outbox-postgres)) a redelivered
+/// inbox ([`pgoutbox_postgres::Inbox`](https://docs.rs/outbox-postgres)) a redelivered
 /// message is recognised by its id.
 pub struct EventConsumer {
     consumer: PullConsumer,

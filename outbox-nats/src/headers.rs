@@ -1,11 +1,11 @@
 //! Names of the NATS headers carrying the event metadata.
 //!
-//! The metadata names are the shared envelope names of [`outbox_core::envelope`];
+//! The metadata names are the shared envelope names of [`pgoutbox_core::envelope`];
 //! NATS adds its dedup header and the content type.
 
 /// JetStream's dedup key header: the event id.
 pub const MSG_ID: &str = "Nats-Msg-Id";
-pub use outbox_core::envelope::{AGGREGATE_ID, AGGREGATE_TYPE, CREATED_AT, EVENT_ID, EVENT_TYPE};
+pub use pgoutbox_core::envelope::{AGGREGATE_ID, AGGREGATE_TYPE, CREATED_AT, EVENT_ID, EVENT_TYPE};
 /// The content type of the payload: always `application/json`.
 pub const CONTENT_TYPE: &str = "Content-Type";
 

@@ -12,7 +12,7 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::response::Response;
 use async_nats::jetstream::{self, stream};
 use async_nats::{ConnectOptions, HeaderMap, HeaderName, HeaderValue};
-use outbox_core::{Event, Outcome, PublishError, Publisher};
+use pgoutbox_core::{Event, Outcome, PublishError, Publisher};
 use tokio::sync::Semaphore;
 
 use crate::config::NatsConfig;
@@ -167,7 +167,7 @@ impl NatsPublisher {
         };
         let id = event.id.to_string();
         insert(headers::MSG_ID, &id)?;
-        for (name, value) in outbox_core::envelope::headers(event) {
+        for (name, value) in pgoutbox_core::envelope::headers(event) {
             if !headers::is_nats_reserved(name) {
                 insert(name, &value)?;
             }

@@ -1,6 +1,6 @@
 //! Which subject an event is published to.
 
-use outbox_core::{Event, Routing};
+use pgoutbox_core::{Event, Routing};
 
 use crate::error::{Error, Result};
 
@@ -98,7 +98,7 @@ mod tests {
     use super::*;
 
     fn event(aggregate_type: &str, event_type: &str) -> Event {
-        outbox_core::conformance::event(aggregate_type, "1", event_type, 1)
+        pgoutbox_core::conformance::event(aggregate_type, "1", event_type, 1)
     }
 
     #[test]

@@ -4,6 +4,6 @@ mod common;
 
 use common::NatsTarget;
 
-outbox_core::conformance_tests!(NatsTarget::new().await, |target: NatsTarget| async move {
+pgoutbox_core::conformance_tests!(NatsTarget::new().await, |target: NatsTarget| async move {
     target.delete().await
 });

@@ -7,11 +7,11 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::{nats_addr, NatsTarget};
-use outbox_core::conformance::proxy::TcpProxy;
-use outbox_core::testing::run_relay_while;
-use outbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::{DeadLetterFilter, DeadLetters};
+use pgoutbox_core::conformance::proxy::TcpProxy;
+use pgoutbox_core::testing::run_relay_while;
+use pgoutbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
 use uuid::Uuid;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -258,7 +258,7 @@ async fn an_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
 
     let order = with_relay(&relay, async {
         // Outlast the retry schedule many times over.
-        outbox_core::testing::hold_outage(&health, Duration::from_secs(4), DEADLINE)
+        pgoutbox_core::testing::hold_outage(&health, Duration::from_secs(4), DEADLINE)
             .await
             .expect("an outage the relay sees");
         for id in &ids {
@@ -288,7 +288,7 @@ async fn an_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
     // and the relay's sends are deduplicated by event id), in per-aggregate order.
     assert_eq!(target.stored().await, ids.len() as u64);
     let runs: Vec<Vec<Uuid>> = (0..5).map(|a| vec![ids[a], ids[a + 5]]).collect();
-    outbox_core::testing::check_first_arrivals(&order, &runs).expect("per-aggregate order");
+    pgoutbox_core::testing::check_first_arrivals(&order, &runs).expect("per-aggregate order");
     let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
     let dead_ids: Vec<Uuid> = dead
         .list(&DeadLetterFilter::default(), 10)

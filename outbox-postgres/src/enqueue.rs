@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use outbox_core::NewEvent;
+use pgoutbox_core::NewEvent;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -17,8 +17,8 @@ use crate::tables::Tables;
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// use outbox_core::NewEvent;
-/// use outbox_postgres::Outbox;
+/// use pgoutbox_core::NewEvent;
+/// use pgoutbox_postgres::Outbox;
 ///
 /// let outbox = Outbox::default();
 /// let mut tx = pool.begin().await?;

@@ -1,6 +1,6 @@
 //! Errors of the PostgreSQL outbox.
 
-use outbox_core::{EventError, StoreError};
+use pgoutbox_core::{EventError, StoreError};
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

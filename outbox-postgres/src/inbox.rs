@@ -72,7 +72,7 @@ impl Inbox {
     /// A handler error rolls everything back, so a later delivery runs it again.
     ///
     /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool, inbox: outbox_postgres::Inbox, id: uuid::Uuid) {
+    /// # async fn demo(pool: sqlx::PgPool, inbox: pgoutbox_postgres::Inbox, id: uuid::Uuid) {
     /// let outcome = inbox
     ///     .process(&pool, id, |conn| Box::pin(async move {
     ///         sqlx::query("UPDATE stock SET reserved = reserved + 1").execute(conn).await

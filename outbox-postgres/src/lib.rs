@@ -26,7 +26,7 @@ pub use enqueue::{enqueue, Outbox};
 pub use error::{Error, Result};
 pub use ident::Ident;
 pub use inbox::{Inbox, InboxError, Processed};
-pub use migrate::{migrate, unapplied_migrations};
+pub use migrate::{inbox_script, migrate, migrate_inbox, migration_script, unapplied_migrations};
 pub use pooler::pooler_options;
 pub use sql::AfterDeadLetter;
 pub use stats::OutboxStats;

@@ -6,7 +6,7 @@
 //! columns it adds after them are named in [`column`]. Debug builds (the tests)
 //! check each position against its name and type.
 
-use outbox_core::{Event, Headers};
+use pgoutbox_core::{Event, Headers};
 use serde_json::value::RawValue;
 use sqlx::postgres::PgRow;
 use sqlx::{Column, Decode, Postgres, Row, Type};

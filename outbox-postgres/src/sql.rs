@@ -2,7 +2,7 @@
 
 use crate::tables::Tables;
 
-/// Columns read into an `outbox_core::Event`, in the order `row::event` decodes them.
+/// Columns read into an `pgoutbox_core::Event`, in the order `row::event` decodes them.
 const EVENT_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, \
     payload::text AS payload, headers::text AS headers, destination, attempts, created_at";
 
@@ -80,6 +80,8 @@ pub(crate) struct Sql {
     /// The migrations table, qualified (to look it up by name).
     pub(crate) migrations_name: String,
     pub(crate) record_version: String,
+    /// The migrations table, quoted and qualified (for the printed script).
+    pub(crate) migrations: String,
     pub(crate) migration_lock_key: String,
     pub(crate) template_names: Vec<(&'static str, String)>,
 
@@ -237,6 +239,7 @@ impl Sql {
             applied_versions: format!("SELECT version FROM {migrations}"),
             migrations_name: migrations.clone(),
             record_version: format!("INSERT INTO {migrations} (version, name) VALUES ($1, $2)"),
+            migrations: migrations.clone(),
             migration_lock_key: format!("outbox.migrate:{events}"),
             template_names: vec![
                 ("events", events.clone()),

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use outbox_core::{Claim, Decision, Event, Store, StoreError};
+use pgoutbox_core::{Claim, Decision, Event, Store, StoreError};
 use sqlx::postgres::PgRow;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};

@@ -58,7 +58,7 @@ impl TestOutbox {
     /// Enqueue `events` in one committed transaction; returns their ids.
     pub async fn enqueue_committed(
         &self,
-        events: &[outbox_core::NewEvent],
+        events: &[pgoutbox_core::NewEvent],
     ) -> Result<Vec<uuid::Uuid>> {
         let mut tx = self.pool.begin().await?;
         let mut ids = Vec::with_capacity(events.len());

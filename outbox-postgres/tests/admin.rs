@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{event, fast_config};
-use outbox_core::testing::RecordingPublisher;
-use outbox_core::{NewEvent, PublishError, Relay, Store};
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::{
+use pgoutbox_core::testing::RecordingPublisher;
+use pgoutbox_core::{NewEvent, PublishError, Relay, Store};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::{
     Cleanup, DeadLetterFilter, DeadLetters, Inbox, InboxError, Processed, Retention, StoreConfig,
 };
 use uuid::Uuid;
@@ -353,8 +353,8 @@ async fn periodic_cleanup_deletes_published_rows_until_stopped() {
 
 #[tokio::test]
 async fn in_flight_counts_events_claimed_by_a_relay() {
-    use outbox_core::Claim;
-    use outbox_postgres::StoreConfig;
+    use pgoutbox_core::Claim;
+    use pgoutbox_postgres::StoreConfig;
     // Ordered claims lock aggregates, unordered ones rows: both are counted.
     for ordering in [true, false] {
         let db = TestOutbox::new().await.unwrap();

@@ -13,12 +13,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use common::{drained, event, fast_config, fill, remaining, run_all};
 use futures_util::FutureExt;
-use outbox_core::testing::RecordingPublisher;
-use outbox_core::{
+use pgoutbox_core::testing::RecordingPublisher;
+use pgoutbox_core::{
     Event, NewEvent, Outcome, PublishError, Publisher, Relay, RelayConfig, RetryPolicy, Store,
 };
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::{DeadLetterFilter, DeadLetters, PgStore};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::{DeadLetterFilter, DeadLetters, PgStore};
 use uuid::Uuid;
 
 async fn row_state(db: &TestOutbox, id: Uuid) -> (i32, Option<String>, bool, DateTime<Utc>) {
@@ -119,9 +119,9 @@ async fn poison_events_end_dead_and_all_healthy_events_are_published() {
     // Release: the followers of a poison event go on (the default, Block, would keep
     // them pending until an operator acts; `dead_letter_releases_or_blocks_...`).
     let store = || {
-        db.store().with_config(outbox_postgres::StoreConfig {
-            after_dead_letter: outbox_postgres::AfterDeadLetter::Release,
-            ..outbox_postgres::StoreConfig::default()
+        db.store().with_config(pgoutbox_postgres::StoreConfig {
+            after_dead_letter: pgoutbox_postgres::AfterDeadLetter::Release,
+            ..pgoutbox_postgres::StoreConfig::default()
         })
     };
     let relays: Vec<_> = (0..2)
@@ -282,7 +282,7 @@ async fn failing_head_delays_its_own_aggregate_only() {
 
 #[tokio::test]
 async fn dead_letter_releases_or_blocks_its_followers_as_configured() {
-    use outbox_postgres::{AfterDeadLetter, StoreConfig};
+    use pgoutbox_postgres::{AfterDeadLetter, StoreConfig};
     for policy in [AfterDeadLetter::Release, AfterDeadLetter::Block] {
         let db = TestOutbox::new().await.unwrap();
         let mut tx = db.pool.begin().await.unwrap();
@@ -346,7 +346,7 @@ async fn relays_killed_between_publish_and_record_lose_nothing() {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(2)
             .connect_with(
-                outbox_postgres::testing::database_url()
+                pgoutbox_postgres::testing::database_url()
                     .parse::<sqlx::postgres::PgConnectOptions>()
                     .unwrap()
                     .application_name(&format!("{}_relay{n}", db.tables.schema())),

@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use common::{drained, event, fast_config, run_all};
 use futures_util::FutureExt;
-use outbox_core::testing::RecordingPublisher;
-use outbox_core::{NewEvent, Relay, RelayConfig};
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::{pooler_options, DeadLetterFilter, DeadLetters, Outbox, PgStore, Wakeup};
+use pgoutbox_core::testing::RecordingPublisher;
+use pgoutbox_core::{NewEvent, Relay, RelayConfig};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::{pooler_options, DeadLetterFilter, DeadLetters, Outbox, PgStore, Wakeup};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, Row};
 use uuid::Uuid;

@@ -6,7 +6,7 @@
 
 mod common;
 
-use outbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::testing::TestOutbox;
 use serde_json::Value;
 
 /// Plan nodes that read a whole table (or every row of an index's range, unordered).

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use common::{drained, event, fast_config, fill, remaining, run_all};
 use futures_util::FutureExt;
-use outbox_core::testing::RecordingPublisher;
-use outbox_core::{Event, NewEvent, Outcome, PublishError, Publisher, Relay, RelayConfig, Store};
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::{Error, PgStore, StoreConfig, Tables};
+use pgoutbox_core::testing::RecordingPublisher;
+use pgoutbox_core::{Event, NewEvent, Outcome, PublishError, Publisher, Relay, RelayConfig, Store};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::{Error, PgStore, StoreConfig, Tables};
 use uuid::Uuid;
 
 #[tokio::test]
@@ -268,12 +268,12 @@ async fn migrate_is_idempotent_and_custom_names_work() {
         .unwrap();
     // Twice, concurrently: the advisory lock serialises them.
     let (a, b) = tokio::join!(
-        outbox_postgres::migrate(&db.pool, &tables),
-        outbox_postgres::migrate(&db.pool, &tables)
+        pgoutbox_postgres::migrate(&db.pool, &tables),
+        pgoutbox_postgres::migrate(&db.pool, &tables)
     );
     a.unwrap();
     b.unwrap();
-    outbox_postgres::migrate(&db.pool, &tables).await.unwrap();
+    pgoutbox_postgres::migrate(&db.pool, &tables).await.unwrap();
 
     let store = PgStore::new(db.pool.clone(), tables.clone()).with_config(StoreConfig::default());
     let mut tx = db.pool.begin().await.unwrap();

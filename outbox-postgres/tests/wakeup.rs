@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{drained, event, fast_config, remaining};
-use outbox_core::testing::RecordingPublisher;
-use outbox_core::{Claim, Relay, RelayConfig, Store};
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::{install_notify_trigger, remove_notify_trigger, StoreConfig, Wakeup};
+use pgoutbox_core::testing::RecordingPublisher;
+use pgoutbox_core::{Claim, Relay, RelayConfig, Store};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::{install_notify_trigger, remove_notify_trigger, StoreConfig, Wakeup};
 
 const FOREVER: Duration = Duration::from_secs(3600);
 
@@ -24,7 +24,7 @@ async fn commit_one(db: &TestOutbox, n: usize) {
 
 /// Wait with an hour-long timeout while events are committed every 100 ms; the
 /// wait must end because of them (bounded at 20 s).
-async fn wait_ends_on_commit(db: &TestOutbox, store: &outbox_postgres::PgStore) {
+async fn wait_ends_on_commit(db: &TestOutbox, store: &pgoutbox_postgres::PgStore) {
     let waiting = tokio::spawn({
         let store = store.clone();
         async move { store.wait_for_events(FOREVER).await }
@@ -59,7 +59,7 @@ async fn adaptive_polling_does_not_wake_for_events_not_due_yet() {
         let later = event("w", 0).not_before(chrono::Utc::now() + chrono::Duration::hours(1));
         db.outbox.enqueue(&mut tx, &later).await.unwrap();
         tx.commit().await.unwrap();
-        let store = db.store().with_config(outbox_postgres::StoreConfig {
+        let store = db.store().with_config(pgoutbox_postgres::StoreConfig {
             ordering,
             ..Default::default()
         });
@@ -125,7 +125,7 @@ async fn relays_with_an_hour_poll_interval_publish_new_events_in_every_mode() {
         (Wakeup::notify(), true),
         (
             Wakeup::Notify {
-                url: Some(outbox_postgres::testing::database_url()),
+                url: Some(pgoutbox_postgres::testing::database_url()),
             },
             true,
         ),

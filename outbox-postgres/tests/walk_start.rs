@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{event, fast_config};
-use outbox_core::testing::RecordingPublisher;
-use outbox_core::{PublishError, Relay};
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::{AfterDeadLetter, DeadLetterFilter, DeadLetters, PgStore, StoreConfig};
+use pgoutbox_core::testing::RecordingPublisher;
+use pgoutbox_core::{PublishError, Relay};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::{AfterDeadLetter, DeadLetterFilter, DeadLetters, PgStore, StoreConfig};
 use uuid::Uuid;
 
 fn events_table(db: &TestOutbox) -> String {

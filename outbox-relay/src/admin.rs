@@ -3,7 +3,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use outbox_postgres::{
+use pgoutbox_postgres::{
     Cleanup, DeadLetter, DeadLetterFilter, DeadLetters, PgStore, Retention, Wakeup,
 };
 use serde_json::json;
@@ -29,19 +29,58 @@ async fn connect_migrated(settings: &Settings) -> Result<PgPool, Failure> {
     Ok(pool)
 }
 
+/// Options of `outbox migrate`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MigrateArgs {
+    /// Print the SQL instead of applying it (no database connection), for a migration
+    /// tool of your own: schema, migrations table, each migration with its version
+    /// record, for the configured names. Apply it in one transaction.
+    #[arg(long)]
+    print_sql: bool,
+    /// With --print-sql: only the migrations after this version (an upgrade script).
+    #[arg(
+        long,
+        value_name = "VERSION",
+        requires = "print_sql",
+        default_value_t = 0
+    )]
+    after: i32,
+    /// Only the consumer inbox table (a service that consumes events and writes
+    /// none): applied, or printed with --print-sql.
+    #[arg(long, conflicts_with = "after")]
+    inbox_only: bool,
+}
+
 /// `outbox migrate`.
-pub(crate) async fn migrate(settings: &Settings) -> Result<(), Failure> {
+pub(crate) async fn migrate(settings: &Settings, args: &MigrateArgs) -> Result<(), Failure> {
+    let t = &settings.tables;
+    if args.print_sql {
+        let script = if args.inbox_only {
+            pgoutbox_postgres::inbox_script(t)
+        } else {
+            pgoutbox_postgres::migration_script(t, args.after)
+        };
+        print!("{script}");
+        return Ok(());
+    }
     let pool = connect(settings).await?;
-    outbox_postgres::migrate(&pool, &settings.tables)
+    if args.inbox_only {
+        pgoutbox_postgres::migrate_inbox(&pool, t)
+            .await
+            .map_err(failure::db("migrate --inbox-only"))?;
+        println!("inbox is up to date: {}.{}", t.schema(), t.inbox());
+        pool.close().await;
+        return Ok(());
+    }
+    pgoutbox_postgres::migrate(&pool, &settings.tables)
         .await
         .map_err(failure::db("migrate"))?;
     if matches!(settings.wakeup, Wakeup::Notify { .. }) {
-        outbox_postgres::install_notify_trigger(&pool, &settings.tables)
+        pgoutbox_postgres::install_notify_trigger(&pool, &settings.tables)
             .await
             .map_err(failure::db("installing the notify trigger"))?;
         println!("relay.wakeup = \"notify\": notify trigger installed (it costs producers throughput; see docs/operations.md)");
     }
-    let t = &settings.tables;
     println!(
         "outbox schema is up to date: {}.{} (dead letters view {}, inbox {})",
         t.schema(),

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use outbox_core::{DynPublisher, StdoutPublisher};
+use pgoutbox_core::{DynPublisher, StdoutPublisher};
 
 use crate::config::{BrokerSection, RoutingSection, Settings};
 use crate::failure::Failure;
@@ -18,13 +18,13 @@ const KNOWN: &[&str] = &["stdout", "nats", "amqp", "kafka", "sqs"];
 pub(crate) enum Spec {
     Stdout,
     #[cfg(feature = "nats")]
-    Nats(outbox_nats::NatsConfig, Option<String>),
+    Nats(pgoutbox_nats::NatsConfig, Option<String>),
     #[cfg(feature = "amqp")]
-    Amqp(outbox_amqp::AmqpConfig),
+    Amqp(pgoutbox_amqp::AmqpConfig),
     #[cfg(feature = "kafka")]
-    Kafka(outbox_kafka::KafkaConfig),
+    Kafka(pgoutbox_kafka::KafkaConfig),
     #[cfg(feature = "sqs")]
-    Sqs(outbox_sqs::SqsConfig),
+    Sqs(pgoutbox_sqs::SqsConfig),
 }
 
 /// The publisher of whichever broker is configured, behind the object-safe
@@ -64,7 +64,7 @@ impl Spec {
         if !compiled().contains(&kind) {
             return Err(Failure::config(format!(
                 "broker `{kind}` is not compiled into this binary (brokers built in: {}); \
-                 rebuild with `cargo build -p outbox-relay --features {kind}`",
+                 rebuild with `cargo build -p pgoutbox-relay --features {kind}`",
                 compiled().join(", ")
             )));
         }
@@ -189,8 +189,8 @@ fn read_kind(
             vars.default("OUTBOX_NATS_USER", file.user.clone());
             vars.default("OUTBOX_NATS_PASSWORD", file.password.clone());
             vars.default("OUTBOX_NATS_TOKEN", file.token.clone());
-            let config = outbox_nats::NatsConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
-            let mut rules = outbox_nats::SubjectRouting::new(config.routing.prefix());
+            let config = pgoutbox_nats::NatsConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
+            let mut rules = pgoutbox_nats::SubjectRouting::new(config.routing.prefix());
             for (event_type, subject) in &routing.event_type {
                 rules = rules.event_type(event_type, subject);
             }
@@ -208,9 +208,9 @@ fn read_kind(
             vars.default("OUTBOX_AMQP_EXCHANGE", file.exchange.clone());
             vars.default("OUTBOX_AMQP_TIMEOUT_MS", millis(file.timeout));
             vars.default("OUTBOX_AMQP_CONNECTION_NAME", file.connection_name.clone());
-            let config = outbox_amqp::AmqpConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
+            let config = pgoutbox_amqp::AmqpConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             let exchange = config.routing.exchange().to_string();
-            let mut rules = outbox_amqp::AmqpRouting::new(exchange.clone());
+            let mut rules = pgoutbox_amqp::AmqpRouting::new(exchange.clone());
             // A destination is `exchange/routing_key`, or a routing key on the default exchange.
             let split = |dest: &str| match dest.split_once('/') {
                 Some((ex, key)) => (ex.to_string(), key.to_string()),
@@ -230,7 +230,7 @@ fn read_kind(
         }
         #[cfg(feature = "kafka")]
         "kafka" => {
-            use outbox_kafka::{
+            use pgoutbox_kafka::{
                 ENV_BROKERS, ENV_DELIVERY_TIMEOUT_MS, ENV_QUEUE_TIMEOUT_MS, ENV_RDKAFKA_PREFIX,
                 ENV_TOPIC, ENV_TOPIC_PREFIX,
             };
@@ -241,7 +241,7 @@ fn read_kind(
             vars.default(ENV_DELIVERY_TIMEOUT_MS, millis(file.delivery_timeout));
             vars.default(ENV_QUEUE_TIMEOUT_MS, millis(file.queue_timeout));
             let mut config =
-                outbox_kafka::KafkaConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
+                pgoutbox_kafka::KafkaConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             for (key, value) in &file.properties {
                 let var = format!(
                     "{ENV_RDKAFKA_PREFIX}{}",
@@ -261,7 +261,7 @@ fn read_kind(
         }
         #[cfg(feature = "sqs")]
         "sqs" => {
-            use outbox_sqs::{
+            use pgoutbox_sqs::{
                 ENV_ENDPOINT, ENV_QUEUE, ENV_QUEUE_PREFIX, ENV_REGION, ENV_TIMEOUT_MS,
             };
             let file = &broker.sqs;
@@ -270,7 +270,8 @@ fn read_kind(
             vars.default(ENV_ENDPOINT, file.endpoint.clone());
             vars.default(ENV_REGION, file.region.clone());
             vars.default(ENV_TIMEOUT_MS, millis(file.timeout));
-            let mut config = outbox_sqs::SqsConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
+            let mut config =
+                pgoutbox_sqs::SqsConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             for (event_type, queue) in &routing.event_type {
                 config = config.route_event_type(event_type, queue);
             }

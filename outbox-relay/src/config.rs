@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use outbox_core::{RelayConfig, RetryPolicy};
-use outbox_postgres::{AfterDeadLetter, Retention, StoreConfig, Tables, Wakeup};
+use pgoutbox_core::{RelayConfig, RetryPolicy};
+use pgoutbox_postgres::{AfterDeadLetter, Retention, StoreConfig, Tables, Wakeup};
 use serde::{Deserialize, Deserializer};
 
 use crate::failure::Failure;

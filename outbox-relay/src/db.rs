@@ -1,6 +1,6 @@
 //! Connecting to PostgreSQL with errors an operator can act on.
 
-use outbox_postgres::Tables;
+use pgoutbox_postgres::Tables;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
@@ -42,7 +42,7 @@ pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool,
         // No prepared statement cache (the store then sends its statements unnamed:
         // named ones do not survive transaction pooling) and no startup parameter
         // PgBouncer refuses.
-        options = outbox_postgres::pooler_options(options);
+        options = pgoutbox_postgres::pooler_options(options);
     }
     let probe = tokio::time::timeout(db.connect_timeout, options.connect())
         .await
@@ -86,7 +86,7 @@ pub(crate) async fn ensure_migrated(pool: &PgPool, tables: &Tables) -> Result<()
             "the outbox table {name} does not exist: run `outbox migrate` with the same configuration first"
         )));
     }
-    let missing = outbox_postgres::unapplied_migrations(pool, tables)
+    let missing = pgoutbox_postgres::unapplied_migrations(pool, tables)
         .await
         .map_err(|e| Failure::runtime(format!("checking the migrations of {name}: {e}")))?;
     if !missing.is_empty() {

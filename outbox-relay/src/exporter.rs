@@ -1,8 +1,8 @@
-//! The Prometheus recorder: every metric of `outbox_core::telemetry`, plus the
+//! The Prometheus recorder: every metric of `pgoutbox_core::telemetry`, plus the
 //! gauges only the binary reports.
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use outbox_core::telemetry;
+use pgoutbox_core::telemetry;
 
 use crate::failure::Failure;
 

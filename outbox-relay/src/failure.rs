@@ -47,6 +47,6 @@ impl fmt::Display for Failure {
 }
 
 /// A database error while doing `what`.
-pub(crate) fn db(what: &str) -> impl Fn(outbox_postgres::Error) -> Failure + '_ {
+pub(crate) fn db(what: &str) -> impl Fn(pgoutbox_postgres::Error) -> Failure + '_ {
     move |e| Failure::runtime(format!("{what}: {e}"))
 }

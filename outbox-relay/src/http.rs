@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use outbox_core::{BrokerHealth, BrokerStatus, Liveness, Publisher};
+use pgoutbox_core::{BrokerHealth, BrokerStatus, Liveness, Publisher};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 

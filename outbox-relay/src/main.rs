@@ -32,7 +32,7 @@ struct Cli {
     #[arg(long, short, global = true, env = "OUTBOX_CONFIG", value_name = "PATH")]
     config: Option<PathBuf>,
     /// Log format on standard error. The level comes from OUTBOX_LOG or RUST_LOG
-    /// (e.g. `info`, `outbox_core=debug`).
+    /// (e.g. `info`, `pgoutbox_core=debug`).
     #[arg(
         long,
         global = true,
@@ -59,7 +59,7 @@ enum Command {
     /// /healthz and /readyz.
     Relay,
     /// Create or update the outbox schema (idempotent).
-    Migrate,
+    Migrate(admin::MigrateArgs),
     /// Inspect, retry or purge dead letters.
     #[command(subcommand)]
     DeadLetters(admin::DeadLettersCommand),
@@ -104,7 +104,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         match (cli.command, broker) {
             (Command::Relay, Some(broker)) => serve::run(settings, broker).await,
             (Command::Relay, None) => Err(Failure::runtime("no broker configured")),
-            (Command::Migrate, _) => admin::migrate(&settings).await,
+            (Command::Migrate(args), _) => admin::migrate(&settings, &args).await,
             (Command::DeadLetters(command), _) => admin::dead_letters(&settings, command).await,
             (Command::Stats { json }, _) => admin::stats(&settings, json).await,
             (Command::Cleanup, _) => admin::cleanup(&settings).await,

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::Relay;
-use outbox_postgres::{Cleanup, PgStore, Retention};
+use pgoutbox_core::Relay;
+use pgoutbox_postgres::{Cleanup, PgStore, Retention};
 use tokio::sync::watch;
 
 use crate::broker::Spec;
@@ -218,7 +218,7 @@ async fn clean_periodically(
 pub(crate) async fn clean_once(
     cleanup: &Cleanup,
     retention: &crate::config::RetentionSettings,
-) -> Result<(u64, u64), outbox_postgres::Error> {
+) -> Result<(u64, u64), pgoutbox_postgres::Error> {
     let events = match retention.published {
         Retention::Keep(age) => cleanup.processed_older_than(age).await?,
         Retention::Delete => 0,

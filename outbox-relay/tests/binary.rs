@@ -14,9 +14,9 @@ use common::{
     RelayProcess,
 };
 
-use outbox_core::testing::RecordingPublisher;
-use outbox_core::{NewEvent, PublishError, Relay};
-use outbox_postgres::testing::{database_url, TestOutbox};
+use pgoutbox_core::testing::RecordingPublisher;
+use pgoutbox_core::{NewEvent, PublishError, Relay};
+use pgoutbox_postgres::testing::{database_url, TestOutbox};
 use uuid::Uuid;
 
 fn run(config: &Path, args: &[&str]) -> Output {
@@ -452,6 +452,59 @@ fn bad_configuration_is_one_clear_line() {
     fails_with(&missing, &["migrate"], &[], "cannot read config file");
 }
 
+/// `outbox migrate --print-sql` writes a script a migration tool applies in one
+/// transaction; afterwards the outbox is complete (`stats` runs, which checks the
+/// migrations). `--inbox-only` prints or creates the inbox table alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn migrate_prints_sql_for_a_migration_tool_and_creates_the_inbox_alone() {
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    let schema = format!("outbox_relay_test_{}", Uuid::new_v4().simple());
+    let config = Config::for_schema(&schema, "0");
+    let script = ok(&config.path, &["migrate", "--print-sql"]);
+    assert!(
+        script.contains(&format!("\"{schema}\".\"outbox_events\"")),
+        "{script}"
+    );
+    let upgrade = ok(&config.path, &["migrate", "--print-sql", "--after", "3"]);
+    assert!(
+        upgrade.contains("-- migration 4:") && !upgrade.contains("-- migration 3:"),
+        "{upgrade}"
+    );
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::raw_sql(&script).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    let stats = ok(&config.path, &["stats", "--json"]);
+    assert!(stats.contains("\"pending\""), "{stats}");
+
+    let inbox_schema = format!("outbox_relay_test_{}", Uuid::new_v4().simple());
+    let inbox_config = Config::for_schema(&inbox_schema, "0");
+    let inbox_sql = ok(
+        &inbox_config.path,
+        &["migrate", "--print-sql", "--inbox-only"],
+    );
+    assert!(
+        inbox_sql.contains("processed_events") && !inbox_sql.contains("outbox_events"),
+        "{inbox_sql}"
+    );
+    let created = ok(&inbox_config.path, &["migrate", "--inbox-only"]);
+    assert!(created.contains("inbox is up to date"), "{created}");
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1 \
+         ORDER BY 1",
+    )
+    .bind(&inbox_schema)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, vec!["processed_events".to_string()]);
+    for s in [&schema, &inbox_schema] {
+        sqlx::query(&format!("DROP SCHEMA \"{s}\" CASCADE"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
 /// A relay newer than the outbox's schema says which migration is missing, and
 /// `outbox migrate` brings the schema up to date.
 #[tokio::test(flavor = "multi_thread")]
@@ -477,7 +530,7 @@ async fn relay_on_an_outbox_missing_a_migration_says_which() {
     );
     ok(&config.path, &["migrate"]);
     assert!(
-        outbox_postgres::unapplied_migrations(&outbox.pool, &outbox.tables)
+        pgoutbox_postgres::unapplied_migrations(&outbox.pool, &outbox.tables)
             .await
             .unwrap()
             .is_empty()
@@ -489,7 +542,7 @@ async fn relay_on_an_outbox_missing_a_migration_says_which() {
 #[cfg(feature = "nats")]
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_publishes_to_nats_jetstream() {
-    use outbox_nats::async_nats;
+    use pgoutbox_nats::async_nats;
 
     let outbox = TestOutbox::new().await.unwrap();
     let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
@@ -514,7 +567,8 @@ async fn relay_publishes_to_nats_jetstream() {
     assert!(status.success());
     assert_eq!(dead_count(&outbox).await, 0);
 
-    let url = std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| outbox_nats::DEFAULT_URL.into());
+    let url =
+        std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| pgoutbox_nats::DEFAULT_URL.into());
     let client = async_nats::connect(url.as_str()).await.unwrap();
     let jetstream = async_nats::jetstream::new(client);
     let mut handle = jetstream.get_stream(&stream).await.unwrap();

@@ -20,12 +20,12 @@ use futures_util::StreamExt;
 use common::{
     dead_count, free_port, get, qualified, sample, wait_until_drained, Config, RelayProcess,
 };
-use outbox_core::conformance::proxy::TcpProxy;
-use outbox_core::testing::check_first_arrivals;
-use outbox_core::NewEvent;
-use outbox_nats::async_nats::jetstream::{self, stream};
-use outbox_nats::{async_nats, EventConsumer};
-use outbox_postgres::testing::{database_url, TestOutbox};
+use pgoutbox_core::conformance::proxy::TcpProxy;
+use pgoutbox_core::testing::check_first_arrivals;
+use pgoutbox_core::NewEvent;
+use pgoutbox_nats::async_nats::jetstream::{self, stream};
+use pgoutbox_nats::{async_nats, EventConsumer};
+use pgoutbox_postgres::testing::{database_url, TestOutbox};
 use uuid::Uuid;
 
 /// These tests start several relay processes and put load on the machine; one at a
@@ -37,7 +37,7 @@ const OUTAGE_LOGGED: &str = "broker unavailable; claiming paused";
 const RECOVERY_LOGGED: &str = "broker available again; claiming resumed";
 
 fn nats_url() -> String {
-    std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| outbox_nats::DEFAULT_URL.into())
+    std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| pgoutbox_nats::DEFAULT_URL.into())
 }
 
 fn nats_addr() -> SocketAddr {

@@ -197,7 +197,7 @@ impl SqsConfig {
     }
 
     /// Validate, load the AWS configuration and create the publisher. No SQS call is
-    /// made (see [`outbox_core::Publisher::check`]).
+    /// made (see [`pgoutbox_core::Publisher::check`]).
     pub async fn build(self) -> Result<SqsPublisher> {
         self.validate()?;
         let mut loader = aws_config::defaults(BehaviorVersion::latest())

@@ -1,16 +1,17 @@
 //! The message envelope: attribute names and layout, and reading them back.
 
+use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 
 use aws_sdk_sqs::types::{Message, MessageAttributeValue};
 use chrono::{DateTime, Utc};
-use outbox_core::envelope::{self, EnvelopeError};
-use outbox_core::{Event, Headers, TRACEPARENT};
+use pgoutbox_core::envelope::{self, EnvelopeError};
+use pgoutbox_core::{Event, Headers, TRACEPARENT};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
 
-pub use outbox_core::envelope::{
+pub use pgoutbox_core::envelope::{
     AGGREGATE_ID as ATTR_AGGREGATE_ID, AGGREGATE_TYPE as ATTR_AGGREGATE_TYPE,
     CREATED_AT as ATTR_CREATED_AT, EVENT_ID as ATTR_EVENT_ID, EVENT_TYPE as ATTR_EVENT_TYPE,
 };
@@ -114,7 +115,7 @@ pub(crate) fn attribute_value(value: String) -> Option<MessageAttributeValue> {
 /// # async fn demo(client: aws_sdk_sqs::Client, url: &str) -> Result<(), Box<dyn std::error::Error>> {
 /// let out = client.receive_message().queue_url(url).message_attribute_names("All").send().await?;
 /// for message in out.messages() {
-///     let received = outbox_sqs::Received::from_message(message)?;
+///     let received = pgoutbox_sqs::Received::from_message(message)?;
 ///     println!("{} {}", received.event_type, received.event_id);
 /// }
 /// # Ok(()) }
@@ -179,6 +180,15 @@ impl Received {
             })?,
             headers,
         })
+    }
+
+    /// Read `body` (the message's payload) as `T`; an error names the event id and
+    /// type ([`pgoutbox_core::DecodeError`]).
+    pub fn decode<T: DeserializeOwned>(
+        &self,
+        body: &[u8],
+    ) -> std::result::Result<T, pgoutbox_core::DecodeError> {
+        pgoutbox_core::envelope::decode(self.event_id, &self.event_type, body)
     }
 
     /// The W3C `traceparent` header, when the producer recorded one.

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use futures_util::stream::{self, StreamExt};
-use outbox_core::{Event, Outcome, PublishError, Publisher};
+use pgoutbox_core::{Event, Outcome, PublishError, Publisher};
 
 use crate::config::SqsConfig;
 use crate::envelope::{self, attribute_value};

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use outbox_core::{Event, PublishError};
+use pgoutbox_core::{Event, PublishError};
 
 use crate::error::{Error, Result};
 
@@ -31,7 +31,7 @@ impl Routing {
             Some(queue) => queue.clone(),
             None => format!("{}{{aggregate_type}}", self.prefix),
         };
-        let mut rules = outbox_core::Routing::new(template);
+        let mut rules = pgoutbox_core::Routing::new(template);
         for (aggregate_type, queue) in &self.by_aggregate_type {
             rules = rules.aggregate_type(aggregate_type, queue);
         }
@@ -45,11 +45,11 @@ impl Routing {
     }
 }
 
-/// The compiled routing rule of a publisher (the shared [`outbox_core::Routing`]).
+/// The compiled routing rule of a publisher (the shared [`pgoutbox_core::Routing`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Queues {
     pub(crate) default_queue: Option<String>,
-    rules: outbox_core::Routing,
+    rules: pgoutbox_core::Routing,
 }
 
 impl Queues {

@@ -5,14 +5,14 @@ mod common;
 use std::time::Duration;
 
 use common::{closed_port, create_queue, read, unique};
-use outbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
-use outbox_core::Event;
-use outbox_sqs::{Received, SqsConfig, SqsPublisher};
+use pgoutbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
+use pgoutbox_core::Event;
+use pgoutbox_sqs::{Received, SqsConfig, SqsPublisher};
 
 struct Sqs {
     name: String,
     url: String,
-    client: outbox_sqs::aws_sdk_sqs::Client,
+    client: pgoutbox_sqs::aws_sdk_sqs::Client,
 }
 
 impl Sqs {
@@ -69,4 +69,4 @@ impl ConformanceTarget for Sqs {
     }
 }
 
-outbox_core::conformance_tests!(Sqs::new().await);
+pgoutbox_core::conformance_tests!(Sqs::new().await);

@@ -6,20 +6,20 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{closed_port, create_queue, read, unique};
-use outbox_core::conformance::event;
-use outbox_core::{
+use pgoutbox_core::conformance::event;
+use pgoutbox_core::{
     Event, FailureKind, NewEvent, Outcome, Publisher, Relay, RelayConfig, RetryPolicy, Store,
 };
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::{DeadLetterFilter, DeadLetters};
-use outbox_sqs::aws_sdk_sqs::types::MessageSystemAttributeName;
-use outbox_sqs::{Received, SqsConfig};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
+use pgoutbox_sqs::aws_sdk_sqs::types::MessageSystemAttributeName;
+use pgoutbox_sqs::{Received, SqsConfig};
 use uuid::Uuid;
 
-fn ids(messages: &[outbox_sqs::aws_sdk_sqs::types::Message]) -> Vec<Uuid> {
+fn ids(messages: &[pgoutbox_sqs::aws_sdk_sqs::types::Message]) -> Vec<Uuid> {
     messages
         .iter()
-        .map(|m| outbox_sqs::event_id(m).expect("event id attribute"))
+        .map(|m| pgoutbox_sqs::event_id(m).expect("event id attribute"))
         .collect()
 }
 
@@ -157,7 +157,7 @@ fn relay_config() -> RelayConfig {
 
 /// Run the relay until the outbox is empty, at most `limit`.
 async fn drain<S: Store, P: Publisher>(relay: &Relay<S, P>, limit: Duration) {
-    outbox_core::testing::drain(relay, limit)
+    pgoutbox_core::testing::drain(relay, limit)
         .await
         .expect("relay drains the outbox");
 }

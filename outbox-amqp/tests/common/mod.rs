@@ -5,15 +5,15 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use outbox_amqp::lapin::options::{
+use pgoutbox_amqp::lapin::options::{
     BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use outbox_amqp::lapin::types::FieldTable;
-use outbox_amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox_amqp::{AmqpConfig, AmqpPublisher, AmqpRouting, Metadata};
-use outbox_core::conformance::{BoxError, ConformanceTarget, ReceivedMessage};
-use outbox_core::Event;
+use pgoutbox_amqp::lapin::types::FieldTable;
+use pgoutbox_amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use pgoutbox_amqp::{AmqpConfig, AmqpPublisher, AmqpRouting, Metadata};
+use pgoutbox_core::conformance::{BoxError, ConformanceTarget, ReceivedMessage};
+use pgoutbox_core::Event;
 
 /// The broker under test: `AMQP_URL`, or the local RabbitMQ.
 pub fn amqp_url() -> String {
@@ -165,7 +165,7 @@ impl ConformanceTarget for AmqpTarget {
     async fn unreachable_publisher(&self) -> Result<AmqpPublisher, BoxError> {
         let url = format!(
             "amqp://guest:guest@127.0.0.1:{}/%2f",
-            outbox_core::conformance::proxy::closed_port()
+            pgoutbox_core::conformance::proxy::closed_port()
         );
         Ok(self.config(&url).timeout(Duration::from_secs(2)).build()?)
     }

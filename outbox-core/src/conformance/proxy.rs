@@ -5,12 +5,12 @@
 //! Test helper only: it listens on 127.0.0.1, forwards to one upstream address, serves
 //! at most [`MAX_CONNECTIONS`] connections at a time and gives up connecting upstream
 //! after [`CONNECT_TIMEOUT`]. It runs on its own OS threads with blocking std sockets,
-//! so it needs no tokio feature beyond what `outbox-core` already uses and works from
+//! so it needs no tokio feature beyond what `pgoutbox-core` already uses and works from
 //! any test runtime (`#[tokio::test]` included).
 //!
 //! ```no_run
 //! # fn main() -> std::io::Result<()> {
-//! use outbox_core::conformance::proxy::TcpProxy;
+//! use pgoutbox_core::conformance::proxy::TcpProxy;
 //!
 //! let proxy = TcpProxy::start("127.0.0.1:4222".parse().unwrap())?;
 //! let url = format!("nats://{}", proxy.addr()); // connect the publisher here

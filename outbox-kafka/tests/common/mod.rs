@@ -5,11 +5,11 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use outbox_kafka::rdkafka::config::ClientConfig;
-use outbox_kafka::rdkafka::consumer::{Consumer, StreamConsumer};
-use outbox_kafka::rdkafka::message::{Message, OwnedMessage};
-use outbox_kafka::rdkafka::mocking::MockCluster;
-use outbox_kafka::rdkafka::{Offset, TopicPartitionList};
+use pgoutbox_kafka::rdkafka::config::ClientConfig;
+use pgoutbox_kafka::rdkafka::consumer::{Consumer, StreamConsumer};
+use pgoutbox_kafka::rdkafka::message::{Message, OwnedMessage};
+use pgoutbox_kafka::rdkafka::mocking::MockCluster;
+use pgoutbox_kafka::rdkafka::{Offset, TopicPartitionList};
 
 type Reply = mpsc::SyncSender<Result<(), String>>;
 

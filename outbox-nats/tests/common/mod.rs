@@ -4,10 +4,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use outbox_core::conformance::{BoxError, ConformanceTarget, ReceivedMessage};
-use outbox_core::Event;
-use outbox_nats::async_nats::jetstream::stream::StorageType;
-use outbox_nats::{EventConsumer, EventMessage, NatsConfig, NatsPublisher, SubjectRouting};
+use pgoutbox_core::conformance::{BoxError, ConformanceTarget, ReceivedMessage};
+use pgoutbox_core::Event;
+use pgoutbox_nats::async_nats::jetstream::stream::StorageType;
+use pgoutbox_nats::{EventConsumer, EventMessage, NatsConfig, NatsPublisher, SubjectRouting};
 
 /// The NATS server under test: `NATS_URL`, or the local one.
 pub fn nats_url() -> String {
@@ -126,7 +126,7 @@ impl ConformanceTarget for NatsTarget {
 
     fn refused(&self, mut event: Event) -> Event {
         // Over the server's default max_payload of 1 MiB.
-        event.payload = outbox_core::conformance::raw_json(&serde_json::json!({
+        event.payload = pgoutbox_core::conformance::raw_json(&serde_json::json!({
             "blob": "x".repeat(1_100_000)
         }));
         event
@@ -135,7 +135,7 @@ impl ConformanceTarget for NatsTarget {
     async fn unreachable_publisher(&self) -> Result<NatsPublisher, BoxError> {
         let url = format!(
             "nats://127.0.0.1:{}",
-            outbox_core::conformance::proxy::closed_port()
+            pgoutbox_core::conformance::proxy::closed_port()
         );
         Ok(self
             .config(&url)

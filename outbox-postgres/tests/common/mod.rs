@@ -4,9 +4,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use outbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
-use outbox_postgres::testing::TestOutbox;
-use outbox_postgres::PgStore;
+use pgoutbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::PgStore;
 use uuid::Uuid;
 
 pub fn event(aggregate: &str, n: usize) -> NewEvent {

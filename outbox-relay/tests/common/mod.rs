@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_postgres::testing::{database_url, TestOutbox};
-use outbox_postgres::Ident;
+use pgoutbox_postgres::testing::{database_url, TestOutbox};
+use pgoutbox_postgres::Ident;
 use uuid::Uuid;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");

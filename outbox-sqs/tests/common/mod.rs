@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_sqs::aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
-use outbox_sqs::aws_sdk_sqs::Client;
-use outbox_sqs::{SqsConfig, SqsPublisher};
+use pgoutbox_sqs::aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
+use pgoutbox_sqs::aws_sdk_sqs::Client;
+use pgoutbox_sqs::{SqsConfig, SqsPublisher};
 
 /// moto's endpoint from `OUTBOX_SQS_ENDPOINT`; panics (the test fails) when unset or
 /// not answering, so a missing moto is never mistaken for a pass.
@@ -13,7 +13,7 @@ pub fn endpoint() -> String {
     let endpoint = std::env::var("OUTBOX_SQS_ENDPOINT").unwrap_or_default();
     assert!(
         !endpoint.is_empty(),
-        "OUTBOX_SQS_ENDPOINT is not set: start moto with `scripts/moto.sh cargo test -p outbox-sqs` \
+        "OUTBOX_SQS_ENDPOINT is not set: start moto with `scripts/moto.sh cargo test -p pgoutbox-sqs` \
          (or `source scripts/moto.sh`)"
     );
     let authority = endpoint

@@ -48,4 +48,15 @@ source scripts/moto.sh || { say "FAILED: moto (SQS test server) could not be sta
 # shellcheck source=scripts/pgbouncer.sh
 source scripts/pgbouncer.sh || { say "FAILED: PgBouncer could not be started (see above)"; exit 1; }
 
+# PostgreSQL over TLS: a test CA and server certificate, and a role that logs in
+# only over TLS; scripts/pg-tls.sh exports OUTBOX_PG_TLS_USER and _PASSWORD_FILE, and (from
+# scripts/test-ca.sh) OUTBOX_TLS_CA, OUTBOX_TLS_SERVER_CERT, OUTBOX_TLS_SERVER_KEY.
+# shellcheck source=scripts/pg-tls.sh
+source scripts/pg-tls.sh || { say "FAILED: PostgreSQL over TLS could not be set up (see above)"; exit 1; }
+
+# RabbitMQ's TLS listener on 127.0.0.1:5671 (restarts the broker once to add it);
+# scripts/rabbitmq-tls.sh exports OUTBOX_AMQPS_URL.
+# shellcheck source=scripts/rabbitmq-tls.sh
+source scripts/rabbitmq-tls.sh || { say "FAILED: RabbitMQ's TLS listener could not be set up (see above)"; exit 1; }
+
 cargo test --workspace --all-features "$@"

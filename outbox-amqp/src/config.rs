@@ -1,5 +1,6 @@
 //! Configuration of the [`AmqpPublisher`]: defaults, environment, validation.
 
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -33,6 +34,12 @@ pub struct AmqpConfig {
     pub timeout: Duration,
     /// Connection name shown by the broker. Defaults to `pgoutbox-relay`.
     pub connection_name: String,
+    /// The password, replacing the URL's (e.g. read from a mounted secret with
+    /// `OUTBOX_AMQP_PASSWORD_FILE`). Defaults to none: the URL's.
+    pub password: Option<String>,
+    /// A CA certificate file (PEM) to trust for an `amqps://` URL, for a broker
+    /// certificate of your own CA; else the system's roots. Defaults to none.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for AmqpConfig {
@@ -42,6 +49,8 @@ impl std::fmt::Debug for AmqpConfig {
             .field("routing", &self.routing)
             .field("timeout", &self.timeout)
             .field("connection_name", &self.connection_name)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish()
     }
 }
@@ -72,6 +81,8 @@ impl AmqpConfig {
             routing: AmqpRouting::default(),
             timeout: Duration::from_secs(10),
             connection_name: "pgoutbox-relay".into(),
+            password: None,
+            tls_ca_file: None,
         }
     }
 
@@ -83,6 +94,8 @@ impl AmqpConfig {
     /// | `OUTBOX_AMQP_EXCHANGE` | exchange of the default [`AmqpRouting`] |
     /// | `OUTBOX_AMQP_TIMEOUT_MS` | [`AmqpConfig::timeout`], milliseconds |
     /// | `OUTBOX_AMQP_CONNECTION_NAME` | [`AmqpConfig::connection_name`] |
+    /// | `OUTBOX_AMQP_PASSWORD_FILE` | [`AmqpConfig::password`], read from this file |
+    /// | `OUTBOX_AMQP_TLS_CA` | [`AmqpConfig::tls_ca_file`] |
     ///
     /// Unset or empty variables keep the default; unparsable ones are an error.
     pub fn from_env() -> Result<Self> {
@@ -115,6 +128,12 @@ impl AmqpConfig {
         if let Some(name) = var("OUTBOX_AMQP_CONNECTION_NAME") {
             config.connection_name = name;
         }
+        if let Some(path) = var("OUTBOX_AMQP_PASSWORD_FILE") {
+            let password = pgoutbox_core::read_secret_file(std::path::Path::new(&path))
+                .map_err(|e| Error::config("OUTBOX_AMQP_PASSWORD_FILE", e.to_string()))?;
+            config.password = Some(password);
+        }
+        config.tls_ca_file = var("OUTBOX_AMQP_TLS_CA").map(PathBuf::from);
         Ok(config)
     }
 
@@ -139,6 +158,20 @@ impl AmqpConfig {
         self
     }
 
+    /// Use this password instead of the URL's. See [`AmqpConfig::password`].
+    #[must_use]
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Trust this CA certificate (PEM file) for `amqps://`. See [`AmqpConfig::tls_ca_file`].
+    #[must_use]
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca_file = Some(path.into());
+        self
+    }
+
     /// Set the connection name. Defaults to `pgoutbox-relay`.
     #[must_use]
     pub fn connection_name(mut self, name: impl Into<String>) -> Self {
@@ -152,6 +185,12 @@ impl AmqpConfig {
             .map_err(|e| Error::config("url", format!("`{}`: {e}", redact(&self.url))))?;
         if self.timeout.is_zero() {
             return Err(Error::config("timeout", "must be greater than zero"));
+        }
+        if let Some(path) = self.tls_ca_file.as_deref().filter(|p| !p.is_file()) {
+            return Err(Error::config(
+                "tls_ca_file",
+                format!("`{}` is not a readable file", path.display()),
+            ));
         }
         self.routing.validate()
     }

@@ -1,12 +1,15 @@
 //! The RabbitMQ [`Publisher`]: publisher confirms, `mandatory`, reconnect on loss.
 
 use std::collections::HashMap;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::publisher_confirm::{Confirmation, PublisherConfirm};
+use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use pgoutbox_core::{Event, Outcome, PublishError, Publisher};
 use tokio::sync::Mutex;
@@ -83,7 +86,22 @@ impl AmqpPublisher {
         let open = async {
             let properties = ConnectionProperties::default()
                 .with_connection_name(config.connection_name.clone().into());
-            let connection = Connection::connect(&config.url, properties)
+            crate::tls::ensure_crypto_provider();
+            let mut uri = AMQPUri::from_str(&config.url).map_err(connect_error)?;
+            if let Some(password) = &config.password {
+                uri.authority.userinfo.password.clone_from(password);
+            }
+            let tls = OwnedTLSConfig {
+                identity: None,
+                // Read at each connect: a renewed CA file is picked up on reconnect.
+                cert_chain: match &config.tls_ca_file {
+                    Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                        connect_error(format!("CA file `{}`: {e}", path.display()))
+                    })?),
+                    None => None,
+                },
+            };
+            let connection = Connection::connect_uri_with_config(uri, properties, tls)
                 .await
                 .map_err(|e| connect_error(e.to_string()))?;
             let channel = connection

@@ -13,6 +13,7 @@ pub mod publisher;
 pub mod relay;
 pub mod retry;
 pub mod routing;
+mod secret;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "test-utils")]
@@ -29,4 +30,5 @@ pub use publisher::{DynPublisher, FailureKind, Outcome, PublishError, Publisher}
 pub use relay::{BatchReport, Relay, RelayConfig, RelayStats, RelayStatsSnapshot};
 pub use retry::RetryPolicy;
 pub use routing::Routing;
+pub use secret::{read_secret_file, SecretFileError};
 pub use store::{Claim, Decision, Store, StoreError};

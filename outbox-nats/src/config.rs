@@ -1,5 +1,6 @@
 //! Configuration of the [`NatsPublisher`]: defaults, environment, validation.
 
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -43,6 +44,21 @@ pub struct NatsConfig {
     pub user_password: Option<(String, String)>,
     /// Authentication token. Defaults to none.
     pub token: Option<String>,
+    /// Refuse a connection without TLS (a `tls://` URL does too). Defaults to
+    /// `false`: TLS when the URL or the server asks for it.
+    pub tls_required: bool,
+    /// A CA certificate file (PEM) to trust besides the system's roots, for a server
+    /// certificate of your own CA. Defaults to none.
+    pub tls_ca_file: Option<PathBuf>,
+    /// A client certificate and its key (PEM files), for servers that verify
+    /// clients (mutual TLS). Defaults to none.
+    pub tls_client_cert: Option<(PathBuf, PathBuf)>,
+    /// A NATS credentials file (user JWT and nkey seed, `.creds`), for servers in
+    /// operator/JWT mode. Defaults to none.
+    pub credentials_file: Option<PathBuf>,
+    /// A file holding a user nkey seed (`SU...`), for servers with nkey users.
+    /// Defaults to none.
+    pub nkey_seed_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for NatsConfig {
@@ -55,6 +71,11 @@ impl std::fmt::Debug for NatsConfig {
             .field("client_name", &self.client_name)
             .field("user", &self.user_password.as_ref().map(|(u, _)| u))
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tls_required", &self.tls_required)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_client_cert", &self.tls_client_cert)
+            .field("credentials_file", &self.credentials_file)
+            .field("nkey_seed_file", &self.nkey_seed_file)
             .finish()
     }
 }
@@ -76,6 +97,11 @@ impl NatsConfig {
             client_name: "pgoutbox-relay".into(),
             user_password: None,
             token: None,
+            tls_required: false,
+            tls_ca_file: None,
+            tls_client_cert: None,
+            credentials_file: None,
+            nkey_seed_file: None,
         }
     }
 
@@ -90,6 +116,12 @@ impl NatsConfig {
     /// | `OUTBOX_NATS_CLIENT_NAME` | [`NatsConfig::client_name`] |
     /// | `OUTBOX_NATS_USER`, `OUTBOX_NATS_PASSWORD` | [`NatsConfig::user_password`] |
     /// | `OUTBOX_NATS_TOKEN` | [`NatsConfig::token`] |
+    /// | `OUTBOX_NATS_PASSWORD_FILE`, `OUTBOX_NATS_TOKEN_FILE` | the password or token, read from a file (a mounted secret) |
+    /// | `OUTBOX_NATS_TLS_REQUIRED` | [`NatsConfig::tls_required`], `true` or `false` |
+    /// | `OUTBOX_NATS_TLS_CA` | [`NatsConfig::tls_ca_file`] |
+    /// | `OUTBOX_NATS_TLS_CERT`, `OUTBOX_NATS_TLS_KEY` | [`NatsConfig::tls_client_cert`] |
+    /// | `OUTBOX_NATS_CREDS` | [`NatsConfig::credentials_file`] |
+    /// | `OUTBOX_NATS_NKEY_FILE` | [`NatsConfig::nkey_seed_file`] |
     ///
     /// Unset or empty variables keep the default; unparsable ones are an error.
     pub fn from_env() -> Result<Self> {
@@ -121,7 +153,21 @@ impl NatsConfig {
         if let Some(name) = var("OUTBOX_NATS_CLIENT_NAME") {
             config.client_name = name;
         }
-        match (var("OUTBOX_NATS_USER"), var("OUTBOX_NATS_PASSWORD")) {
+        let password = match (
+            var("OUTBOX_NATS_PASSWORD"),
+            var("OUTBOX_NATS_PASSWORD_FILE"),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(Error::config(
+                    "OUTBOX_NATS_PASSWORD/OUTBOX_NATS_PASSWORD_FILE",
+                    "set one, not both",
+                ))
+            }
+            (Some(password), None) => Some(password),
+            (None, Some(file)) => Some(read_secret("OUTBOX_NATS_PASSWORD_FILE", &file)?),
+            (None, None) => None,
+        };
+        match (var("OUTBOX_NATS_USER"), password) {
             (Some(user), Some(password)) => config.user_password = Some((user, password)),
             (None, None) => {}
             _ => {
@@ -131,7 +177,33 @@ impl NatsConfig {
                 ))
             }
         }
-        config.token = var("OUTBOX_NATS_TOKEN");
+        config.token = match (var("OUTBOX_NATS_TOKEN"), var("OUTBOX_NATS_TOKEN_FILE")) {
+            (Some(_), Some(_)) => {
+                return Err(Error::config(
+                    "OUTBOX_NATS_TOKEN/OUTBOX_NATS_TOKEN_FILE",
+                    "set one, not both",
+                ))
+            }
+            (Some(token), None) => Some(token),
+            (None, Some(file)) => Some(read_secret("OUTBOX_NATS_TOKEN_FILE", &file)?),
+            (None, None) => None,
+        };
+        if let Some(flag) = var("OUTBOX_NATS_TLS_REQUIRED") {
+            config.tls_required = parse("OUTBOX_NATS_TLS_REQUIRED", &flag)?;
+        }
+        config.tls_ca_file = var("OUTBOX_NATS_TLS_CA").map(PathBuf::from);
+        config.tls_client_cert = match (var("OUTBOX_NATS_TLS_CERT"), var("OUTBOX_NATS_TLS_KEY")) {
+            (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+            (None, None) => None,
+            _ => {
+                return Err(Error::config(
+                    "OUTBOX_NATS_TLS_CERT/OUTBOX_NATS_TLS_KEY",
+                    "set both or neither",
+                ))
+            }
+        };
+        config.credentials_file = var("OUTBOX_NATS_CREDS").map(PathBuf::from);
+        config.nkey_seed_file = var("OUTBOX_NATS_NKEY_FILE").map(PathBuf::from);
         Ok(config)
     }
 
@@ -184,6 +256,41 @@ impl NatsConfig {
         self
     }
 
+    /// Refuse a connection without TLS. See [`NatsConfig::tls_required`].
+    #[must_use]
+    pub fn tls_required(mut self, required: bool) -> Self {
+        self.tls_required = required;
+        self
+    }
+
+    /// Trust this CA certificate (PEM file). See [`NatsConfig::tls_ca_file`].
+    #[must_use]
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca_file = Some(path.into());
+        self
+    }
+
+    /// Present this client certificate and key (PEM files).
+    #[must_use]
+    pub fn tls_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_client_cert = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Authenticate with a NATS credentials file. See [`NatsConfig::credentials_file`].
+    #[must_use]
+    pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.credentials_file = Some(path.into());
+        self
+    }
+
+    /// Authenticate with the nkey seed in this file. See [`NatsConfig::nkey_seed_file`].
+    #[must_use]
+    pub fn nkey_seed_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.nkey_seed_file = Some(path.into());
+        self
+    }
+
     /// Check every setting; returns the parsed server addresses.
     pub fn validate(&self) -> Result<Vec<ServerAddr>> {
         let servers = self
@@ -204,6 +311,35 @@ impl NatsConfig {
         if self.max_in_flight == 0 {
             return Err(Error::config("max_in_flight", "must be at least 1"));
         }
+        let mut files = vec![
+            ("tls_ca_file", self.tls_ca_file.as_deref()),
+            ("credentials_file", self.credentials_file.as_deref()),
+            ("nkey_seed_file", self.nkey_seed_file.as_deref()),
+        ];
+        if let Some((cert, key)) = &self.tls_client_cert {
+            files.push(("tls_client_cert", Some(cert.as_path())));
+            files.push(("tls_client_cert", Some(key.as_path())));
+        }
+        for (field, path) in files {
+            if let Some(path) = path.filter(|p| !p.is_file()) {
+                return Err(Error::config(
+                    field,
+                    format!("`{}` is not a readable file", path.display()),
+                ));
+            }
+        }
+        let methods = [
+            self.user_password.is_some(),
+            self.token.is_some(),
+            self.credentials_file.is_some(),
+            self.nkey_seed_file.is_some(),
+        ];
+        if methods.iter().filter(|set| **set).count() > 1 {
+            return Err(Error::config(
+                "authentication",
+                "set one of user/password, token, credentials file, nkey seed file",
+            ));
+        }
         self.routing.validate()?;
         Ok(servers)
     }
@@ -222,6 +358,17 @@ impl NatsConfig {
     pub async fn connect(self) -> Result<NatsPublisher> {
         NatsPublisher::start(self, true).await
     }
+}
+
+/// A secret kept in the file named by `var` (`path`).
+fn read_secret(var: &str, path: &str) -> Result<String> {
+    pgoutbox_core::read_secret_file(Path::new(path)).map_err(|e| Error::config(var, e.to_string()))
+}
+
+/// The nkey seed in `path`, for [`NatsConfig::nkey_seed_file`].
+pub(crate) fn read_nkey_seed(path: &Path) -> Result<String> {
+    pgoutbox_core::read_secret_file(path)
+        .map_err(|e| Error::config("nkey_seed_file", e.to_string()))
 }
 
 fn parse<T: FromStr>(var: &str, value: &str) -> Result<T>

@@ -135,7 +135,7 @@ impl EventMessage {
 /// A durable pull consumer on a stream whose messages come with their [`Metadata`].
 ///
 /// Messages must be acknowledged ([`EventMessage::ack`]) after processing; with an
-/// inbox ([`pgoutbox_postgres::Inbox`](https://docs.rs/outbox-postgres)) a redelivered
+/// inbox ([`pgoutbox_postgres::Inbox`](https://docs.rs/pgoutbox-postgres)) a redelivered
 /// message is recognised by its id.
 pub struct EventConsumer {
     consumer: PullConsumer,

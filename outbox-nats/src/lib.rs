@@ -6,6 +6,7 @@ mod error;
 pub mod headers;
 mod publisher;
 mod routing;
+mod tls;
 
 pub use config::{NatsConfig, DEFAULT_URL};
 pub use consumer::{EventConsumer, EventMessage, Metadata};

@@ -55,6 +55,7 @@ struct Inner {
 impl NatsPublisher {
     pub(crate) async fn start(config: NatsConfig, eager: bool) -> Result<Self> {
         let servers = config.validate()?;
+        crate::tls::ensure_crypto_provider();
         let mut options = ConnectOptions::new()
             .name(&config.client_name)
             .connection_timeout(config.timeout)
@@ -73,6 +74,23 @@ impl NatsPublisher {
             url: config.url.clone(),
             reason,
         };
+        if let Some(path) = &config.credentials_file {
+            options = options.credentials_file(path).await.map_err(|e| {
+                Error::config("credentials_file", format!("`{}`: {e}", path.display()))
+            })?;
+        }
+        if let Some(path) = &config.nkey_seed_file {
+            options = options.nkey(crate::config::read_nkey_seed(path)?);
+        }
+        if config.tls_required {
+            options = options.require_tls(true);
+        }
+        if let Some(ca) = &config.tls_ca_file {
+            options = options.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &config.tls_client_cert {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
         let client = tokio::time::timeout(config.timeout, options.connect(servers))
             .await
             .map_err(|_| connect_error(format!("no connection within {:?}", config.timeout)))?

@@ -189,6 +189,17 @@ fn read_kind(
             vars.default("OUTBOX_NATS_USER", file.user.clone());
             vars.default("OUTBOX_NATS_PASSWORD", file.password.clone());
             vars.default("OUTBOX_NATS_TOKEN", file.token.clone());
+            vars.default("OUTBOX_NATS_PASSWORD_FILE", file.password_file.clone());
+            vars.default("OUTBOX_NATS_TOKEN_FILE", file.token_file.clone());
+            vars.default(
+                "OUTBOX_NATS_TLS_REQUIRED",
+                file.tls_required.map(|b| b.to_string()),
+            );
+            vars.default("OUTBOX_NATS_TLS_CA", file.tls_ca.clone());
+            vars.default("OUTBOX_NATS_TLS_CERT", file.tls_cert.clone());
+            vars.default("OUTBOX_NATS_TLS_KEY", file.tls_key.clone());
+            vars.default("OUTBOX_NATS_CREDS", file.creds.clone());
+            vars.default("OUTBOX_NATS_NKEY_FILE", file.nkey_file.clone());
             let config = pgoutbox_nats::NatsConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             let mut rules = pgoutbox_nats::SubjectRouting::new(config.routing.prefix());
             for (event_type, subject) in &routing.event_type {
@@ -208,6 +219,8 @@ fn read_kind(
             vars.default("OUTBOX_AMQP_EXCHANGE", file.exchange.clone());
             vars.default("OUTBOX_AMQP_TIMEOUT_MS", millis(file.timeout));
             vars.default("OUTBOX_AMQP_CONNECTION_NAME", file.connection_name.clone());
+            vars.default("OUTBOX_AMQP_PASSWORD_FILE", file.password_file.clone());
+            vars.default("OUTBOX_AMQP_TLS_CA", file.tls_ca.clone());
             let config = pgoutbox_amqp::AmqpConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             let exchange = config.routing.exchange().to_string();
             let mut rules = pgoutbox_amqp::AmqpRouting::new(exchange.clone());

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pgoutbox_core::{RelayConfig, RetryPolicy};
@@ -90,6 +90,8 @@ pub(crate) struct FileConfig {
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct DatabaseSection {
     pub(crate) url: Option<String>,
+    /// A file holding the password (a mounted secret); replaces one in the URL.
+    pub(crate) password_file: Option<PathBuf>,
     pub(crate) max_connections: Option<u32>,
     pub(crate) connect_timeout: Dur,
     pub(crate) claim_timeout: Dur,
@@ -100,6 +102,7 @@ impl Default for DatabaseSection {
     fn default() -> Self {
         Self {
             url: None,
+            password_file: None,
             max_connections: None,
             connect_timeout: Dur::secs(10),
             claim_timeout: Dur::secs(120),
@@ -281,6 +284,14 @@ pub(crate) struct NatsSection {
     pub(crate) user: Option<String>,
     pub(crate) password: Option<String>,
     pub(crate) token: Option<String>,
+    pub(crate) password_file: Option<String>,
+    pub(crate) token_file: Option<String>,
+    pub(crate) tls_required: Option<bool>,
+    pub(crate) tls_ca: Option<String>,
+    pub(crate) tls_cert: Option<String>,
+    pub(crate) tls_key: Option<String>,
+    pub(crate) creds: Option<String>,
+    pub(crate) nkey_file: Option<String>,
     /// Create (or update) a JetStream stream with this name covering the subjects.
     pub(crate) ensure_stream: Option<String>,
 }
@@ -293,6 +304,8 @@ pub(crate) struct AmqpSection {
     pub(crate) exchange: Option<String>,
     pub(crate) timeout: Option<Dur>,
     pub(crate) connection_name: Option<String>,
+    pub(crate) password_file: Option<String>,
+    pub(crate) tls_ca: Option<String>,
 }
 
 /// `[broker.kafka]`; each key is the default of an `OUTBOX_KAFKA_*` variable.
@@ -332,6 +345,8 @@ pub(crate) struct RoutingSection {
 #[derive(Debug, Clone)]
 pub(crate) struct DatabaseSettings {
     pub(crate) url: String,
+    /// Read at each connect, so a rotated secret is picked up by new connections.
+    pub(crate) password_file: Option<PathBuf>,
     pub(crate) max_connections: u32,
     pub(crate) connect_timeout: Duration,
     /// `idle_in_transaction_session_timeout` of relay connections; `None` leaves the server's.
@@ -418,6 +433,7 @@ pub(crate) fn parse_str(text: &str) -> Result<FileConfig, String> {
 /// Environment variables that override the file, and what they set.
 pub(crate) const ENV_VARS: &[(&str, &str)] = &[
     ("OUTBOX_DATABASE_URL", "database.url"),
+    ("OUTBOX_DATABASE_PASSWORD_FILE", "database.password_file"),
     (
         "OUTBOX_DATABASE_MAX_CONNECTIONS",
         "database.max_connections",
@@ -453,6 +469,9 @@ pub(crate) fn apply_env(
         let duration = |v: &str| parse_duration(v).map(Dur).map_err(&bad);
         match *name {
             "OUTBOX_DATABASE_URL" => file.database.url = Some(value.clone()),
+            "OUTBOX_DATABASE_PASSWORD_FILE" => {
+                file.database.password_file = Some(PathBuf::from(value.trim()));
+            }
             "OUTBOX_DATABASE_MAX_CONNECTIONS" => {
                 file.database.max_connections =
                     Some(u32::try_from(number(&value)?).map_err(|e| bad(e.to_string()))?);
@@ -598,6 +617,7 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
             (
                 Some(DatabaseSettings {
                     url: url.to_string(),
+                    password_file: file.database.password_file.clone(),
                     max_connections,
                     connect_timeout: file.database.connect_timeout.0,
                     claim_timeout,

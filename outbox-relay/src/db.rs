@@ -30,6 +30,9 @@ pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool,
     );
     // Named in pg_stat_activity, so an operator can tell the relay's sessions apart
     // (and terminate them); `?application_name=` in the URL names them otherwise.
+    if let Some(path) = &db.password_file {
+        options = options.password(&read_password(path)?);
+    }
     if options.get_application_name().is_none() {
         options = options.application_name("outbox");
     }
@@ -100,4 +103,10 @@ pub(crate) async fn ensure_migrated(pool: &PgPool, tables: &Tables) -> Result<()
         )));
     }
     Ok(())
+}
+
+/// The password in `path` (`database.password_file`).
+fn read_password(path: &std::path::Path) -> Result<String, Failure> {
+    pgoutbox_core::read_secret_file(path)
+        .map_err(|e| Failure::config(format!("database.password_file {e}")))
 }

@@ -505,6 +505,55 @@ async fn migrate_prints_sql_for_a_migration_tool_and_creates_the_inbox_alone() {
     }
 }
 
+/// What scripts/pg-tls.sh exported; a missing one fails the test with how to get it.
+fn tls_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with scripts/test.sh, which sources scripts/pg-tls.sh")
+    })
+}
+
+/// The binary reaches PostgreSQL over TLS (`sslmode=verify-full` with a CA file in
+/// the URL) as a role that may log in only over TLS, its password read from
+/// `database.password_file`; an empty password file is a config error naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_binary_speaks_tls_to_postgres_with_a_password_from_a_file() {
+    let schema = format!("outbox_relay_test_{}", Uuid::new_v4().simple());
+    let url = format!(
+        "postgres://{}@127.0.0.1:5432/test?sslmode=verify-full&sslrootcert={}",
+        tls_env("OUTBOX_PG_TLS_USER"),
+        tls_env("OUTBOX_TLS_CA")
+    );
+    let with_password_file = |file: &str| {
+        Config::new(&Config::head(&url, &schema).replacen(
+            "connect_timeout = \"5s\"",
+            &format!("connect_timeout = \"5s\"\npassword_file = \"{file}\""),
+            1,
+        ))
+    };
+    let config = with_password_file(&tls_env("OUTBOX_PG_TLS_PASSWORD_FILE"));
+    let migrated = ok(&config.path, &["migrate"]);
+    assert!(migrated.contains("up to date"), "{migrated}");
+    let stats = ok(&config.path, &["stats", "--json"]);
+    assert!(stats.contains("\"pending\""), "{stats}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty-password");
+    std::fs::write(&empty, "\n").unwrap();
+    let bad = with_password_file(&empty.display().to_string());
+    fails_with(
+        &bad.path,
+        &["stats"],
+        &[],
+        &format!("database.password_file `{}` is empty", empty.display()),
+    );
+
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
 /// A relay newer than the outbox's schema says which migration is missing, and
 /// `outbox migrate` brings the schema up to date.
 #[tokio::test(flavor = "multi_thread")]

@@ -1,0 +1,210 @@
+//! NATS over TLS with nkey and password authentication, against a nats-server of
+//! the test's own (a TLS listener with JetStream, started per test on a free port)
+//! presenting the test CA's server certificate (scripts/test-ca.sh).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pgoutbox_core::conformance::event;
+use pgoutbox_core::{Outcome, Publisher};
+use pgoutbox_nats::async_nats::jetstream::stream::StorageType;
+use pgoutbox_nats::{NatsConfig, NatsPublisher, SubjectRouting};
+
+/// What scripts/test-ca.sh exported; a missing one fails the test with how to get it.
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with scripts/test.sh, which sources scripts/test-ca.sh")
+    })
+}
+
+const PASSWORD: &str = "s3cret with spaces";
+
+/// A nats-server with only a TLS listener, JetStream in a temporary folder, one
+/// nkey user and one user with a password; killed when dropped.
+struct TlsServer {
+    child: Child,
+    url: String,
+    dir: tempfile::TempDir,
+    seed_file: PathBuf,
+}
+
+impl TlsServer {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let user = nkeys::KeyPair::new_user();
+        let seed_file = dir.path().join("user.nk");
+        std::fs::write(&seed_file, format!("{}\n", user.seed().expect("seed"))).expect("seed");
+        let port = free_port();
+        let config = dir.path().join("nats.conf");
+        std::fs::write(
+            &config,
+            format!(
+                r#"listen: "127.0.0.1:{port}"
+jetstream {{ store_dir: "{store}" }}
+tls {{ cert_file: "{cert}", key_file: "{key}", timeout: 5 }}
+authorization {{ users = [ {{ nkey: "{nkey}" }}, {{ user: "outbox", password: "{PASSWORD}" }} ] }}
+"#,
+                store = dir.path().join("js").display(),
+                cert = env("OUTBOX_TLS_SERVER_CERT"),
+                key = env("OUTBOX_TLS_SERVER_KEY"),
+                nkey = user.public_key(),
+            ),
+        )
+        .expect("write nats.conf");
+        let child = Command::new(nats_server())
+            .arg("-c")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        let server = Self {
+            child,
+            url: format!("tls://127.0.0.1:{port}"),
+            dir,
+            seed_file,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    /// Settings for this server, routed to a fresh prefix, with the test CA.
+    fn config(&self, prefix: &str) -> NatsConfig {
+        NatsConfig::new(&self.url)
+            .routing(SubjectRouting::new(prefix))
+            .timeout(Duration::from_secs(5))
+            .tls_ca_file(env("OUTBOX_TLS_CA"))
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nats_server() -> PathBuf {
+    [
+        "/usr/sbin/nats-server",
+        "/usr/bin/nats-server",
+        "/usr/local/bin/nats-server",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_file())
+    .expect("nats-server is installed (Debian package nats-server)")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Publish one event into a fresh stream and expect the broker's acknowledgement.
+async fn publishes(publisher: &NatsPublisher, prefix: &str) {
+    let mut stream = publisher.stream_config(&prefix.to_uppercase());
+    stream.storage = StorageType::Memory;
+    publisher
+        .ensure_stream(stream)
+        .await
+        .expect("create stream over TLS");
+    let event = event("conformance_order", "o-1", "conformance.created", 1);
+    let outcomes = publisher.publish(std::slice::from_ref(&event)).await;
+    assert!(
+        matches!(outcomes.as_slice(), [Outcome::Published]),
+        "{outcomes:?}"
+    );
+}
+
+/// An nkey user over TLS (a `tls://` URL, the server's certificate checked against
+/// the test CA) publishes into JetStream.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_nkey_user_publishes_over_tls() {
+    let server = TlsServer::start();
+    let publisher = server
+        .config("tls_nkey")
+        .nkey_seed_file(&server.seed_file)
+        .connect()
+        .await
+        .expect("connect with TLS and an nkey");
+    publishes(&publisher, "tls_nkey").await;
+}
+
+/// The binary's way: settings from variables, the password read from a file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_from_a_file_authenticates_over_tls() {
+    let server = TlsServer::start();
+    let password_file = server.dir.path().join("password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).expect("password file");
+    let vars = [
+        ("OUTBOX_NATS_URL", server.url.clone()),
+        ("OUTBOX_NATS_SUBJECT_PREFIX", "tls_password".to_string()),
+        ("OUTBOX_NATS_TLS_REQUIRED", "true".to_string()),
+        ("OUTBOX_NATS_TLS_CA", env("OUTBOX_TLS_CA")),
+        ("OUTBOX_NATS_USER", "outbox".to_string()),
+        (
+            "OUTBOX_NATS_PASSWORD_FILE",
+            password_file.display().to_string(),
+        ),
+    ]
+    .map(|(k, v)| (k.to_string(), v));
+    let publisher = NatsConfig::from_vars(vars)
+        .expect("valid settings")
+        .connect()
+        .await
+        .expect("connect with TLS and a password from a file");
+    publishes(&publisher, "tls_password").await;
+}
+
+/// Without the test CA the server's certificate is not trusted; a wrong seed is
+/// refused by the server; a missing file is a configuration error naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn untrusted_certificates_wrong_keys_and_missing_files_are_refused() {
+    let server = TlsServer::start();
+    let untrusted = NatsConfig::new(&server.url)
+        .timeout(Duration::from_secs(5))
+        .nkey_seed_file(&server.seed_file)
+        .connect()
+        .await
+        .expect_err("a certificate of an unknown CA must be refused");
+    assert!(
+        untrusted.to_string().to_lowercase().contains("certificate"),
+        "{untrusted}"
+    );
+
+    let other = server.dir.path().join("other.nk");
+    let seed = nkeys::KeyPair::new_user().seed().expect("seed");
+    std::fs::write(&other, seed).expect("seed file");
+    let refused = server
+        .config("tls_wrong")
+        .nkey_seed_file(&other)
+        .connect()
+        .await
+        .expect_err("an unknown nkey must be refused");
+    assert!(
+        refused.to_string().to_lowercase().contains("authorization"),
+        "{refused}"
+    );
+
+    let missing = Path::new("/nonexistent/ca.pem");
+    let err = server
+        .config("tls_missing")
+        .tls_ca_file(missing)
+        .validate()
+        .expect_err("a missing CA file is an error");
+    assert!(
+        err.to_string().contains("tls_ca_file") && err.to_string().contains("/nonexistent/ca.pem"),
+        "{err}"
+    );
+}

@@ -19,6 +19,8 @@ pub mod telemetry;
 #[cfg(feature = "test-utils")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod testing;
+#[cfg(feature = "opentelemetry")]
+pub mod trace_context;
 mod waves;
 
 pub use broker_health::{BrokerHealth, BrokerStatus};

@@ -372,8 +372,26 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             return Ok(BatchReport::default());
         }
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        let span = tracing::debug_span!("outbox.batch", size = claim.events().len());
-        let result = self.process(claim).instrument(span).await;
+        let span = tracing::info_span!(
+            "outbox.batch",
+            // Signed: OpenTelemetry has no unsigned integers (a u64 field becomes a string).
+            events = count(claim.events().len()),
+            published = tracing::field::Empty,
+            retried = tracing::field::Empty,
+            dead_lettered = tracing::field::Empty,
+            held_back = tracing::field::Empty,
+            deferred = tracing::field::Empty,
+        );
+        #[cfg(feature = "opentelemetry")]
+        crate::trace_context::link_events(&span, claim.events().iter().map(|e| &e.headers));
+        let result = self.process(claim).instrument(span.clone()).await;
+        if let Ok(report) = &result {
+            span.record("published", count(report.published));
+            span.record("retried", count(report.retried));
+            span.record("dead_lettered", count(report.dead_lettered));
+            span.record("held_back", count(report.held_back));
+            span.record("deferred", count(report.deferred));
+        }
         if result.is_err() {
             self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -678,4 +696,9 @@ impl Stop {
             () = fut => {}
         }
     }
+}
+
+/// A count as a span field value (see `run_once`).
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }

@@ -85,7 +85,7 @@ impl Outbox {
     /// [`crate::Error::InvalidEvent`] and nothing is written.
     pub async fn enqueue(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<Uuid> {
         event.validate()?;
-        let headers = headers_json(event);
+        let headers = headers_json(event, &current_trace());
         sqlx::query(&self.sql.enqueue_one)
             .bind(event.id)
             .bind(&event.aggregate_type)
@@ -112,7 +112,8 @@ impl Outbox {
         for event in events {
             event.validate()?;
         }
-        let headers: Vec<String> = events.iter().map(headers_json).collect();
+        let trace = current_trace();
+        let headers: Vec<String> = events.iter().map(|e| headers_json(e, &trace)).collect();
         let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
         let column = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<&str>>();
         let destinations: Vec<Option<&str>> =
@@ -142,8 +143,24 @@ pub async fn enqueue(conn: &mut PgConnection, event: &NewEvent) -> Result<Uuid> 
     Outbox::default().enqueue(conn, event).await
 }
 
-/// Headers as JSON text. A map of strings always serialises; the fallback keeps
-/// this free of panics all the same.
-fn headers_json(event: &NewEvent) -> String {
-    serde_json::to_string(&event.headers).unwrap_or_else(|_| "{}".to_string())
+/// The current span's trace context headers (feature `opentelemetry`), added to
+/// events that carry no `traceparent` of their own; none without the feature.
+fn current_trace() -> pgoutbox_core::Headers {
+    #[cfg(feature = "opentelemetry")]
+    return pgoutbox_core::trace_context::current_trace_headers();
+    #[cfg(not(feature = "opentelemetry"))]
+    pgoutbox_core::Headers::new()
+}
+
+/// Headers as JSON text, with `trace` added unless the event has a `traceparent`.
+/// A map of strings always serialises; the fallback keeps this free of panics all
+/// the same.
+fn headers_json(event: &NewEvent, trace: &pgoutbox_core::Headers) -> String {
+    let json = |headers| serde_json::to_string(headers).unwrap_or_else(|_| "{}".to_string());
+    if trace.is_empty() || event.headers.contains_key(pgoutbox_core::TRACEPARENT) {
+        return json(&event.headers);
+    }
+    let mut headers = event.headers.clone();
+    headers.extend(trace.iter().map(|(k, v)| (k.clone(), v.clone())));
+    json(&headers)
 }

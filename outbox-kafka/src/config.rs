@@ -20,6 +20,9 @@ pub const ENV_TOPIC: &str = "OUTBOX_KAFKA_TOPIC";
 pub const ENV_DELIVERY_TIMEOUT_MS: &str = "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS";
 /// Environment variable with the local queue timeout in milliseconds.
 pub const ENV_QUEUE_TIMEOUT_MS: &str = "OUTBOX_KAFKA_QUEUE_TIMEOUT_MS";
+/// Environment variable: a file holding the SASL password (`sasl.password`), e.g. a
+/// mounted secret; the file's text without its trailing line break.
+pub const ENV_SASL_PASSWORD_FILE: &str = "OUTBOX_KAFKA_SASL_PASSWORD_FILE";
 /// Prefix of environment variables passed to librdkafka: `OUTBOX_KAFKA_RDKAFKA_SECURITY_PROTOCOL=SASL_SSL`
 /// sets `security.protocol` (name lower-cased, `_` turned into `.`).
 pub const ENV_RDKAFKA_PREFIX: &str = "OUTBOX_KAFKA_RDKAFKA_";
@@ -54,7 +57,8 @@ impl KafkaConfig {
 
     /// Read the configuration from the environment: [`ENV_BROKERS`] (required),
     /// [`ENV_TOPIC_PREFIX`], [`ENV_TOPIC`], [`ENV_DELIVERY_TIMEOUT_MS`],
-    /// [`ENV_QUEUE_TIMEOUT_MS`] and any number of `OUTBOX_KAFKA_RDKAFKA_*` settings.
+    /// [`ENV_QUEUE_TIMEOUT_MS`], [`ENV_SASL_PASSWORD_FILE`] and any number of
+    /// `OUTBOX_KAFKA_RDKAFKA_*` settings (these win over the password file).
     pub fn from_env() -> Result<Self> {
         Self::from_vars(std::env::vars())
     }
@@ -81,6 +85,18 @@ impl KafkaConfig {
         }
         if let Some(ms) = vars.get(ENV_QUEUE_TIMEOUT_MS) {
             config = config.queue_timeout(parse_ms(ENV_QUEUE_TIMEOUT_MS, ms)?);
+        }
+        if let Some(path) = vars
+            .get(ENV_SASL_PASSWORD_FILE)
+            .filter(|v| !v.trim().is_empty())
+        {
+            let password = pgoutbox_core::read_secret_file(std::path::Path::new(path.trim()))
+                .map_err(|e| Error::InvalidEnv {
+                    var: ENV_SASL_PASSWORD_FILE.to_string(),
+                    value: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            config = config.set("sasl.password", password);
         }
         for (var, value) in &vars {
             if let Some(name) = var.strip_prefix(ENV_RDKAFKA_PREFIX) {

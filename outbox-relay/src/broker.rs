@@ -245,7 +245,7 @@ fn read_kind(
         "kafka" => {
             use pgoutbox_kafka::{
                 ENV_BROKERS, ENV_DELIVERY_TIMEOUT_MS, ENV_QUEUE_TIMEOUT_MS, ENV_RDKAFKA_PREFIX,
-                ENV_TOPIC, ENV_TOPIC_PREFIX,
+                ENV_SASL_PASSWORD_FILE, ENV_TOPIC, ENV_TOPIC_PREFIX,
             };
             let file = &broker.kafka;
             vars.default(ENV_BROKERS, file.brokers.clone());
@@ -253,6 +253,7 @@ fn read_kind(
             vars.default(ENV_TOPIC, file.topic.clone());
             vars.default(ENV_DELIVERY_TIMEOUT_MS, millis(file.delivery_timeout));
             vars.default(ENV_QUEUE_TIMEOUT_MS, millis(file.queue_timeout));
+            vars.default(ENV_SASL_PASSWORD_FILE, file.sasl_password_file.clone());
             let mut config =
                 pgoutbox_kafka::KafkaConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             for (key, value) in &file.properties {

@@ -317,6 +317,7 @@ pub(crate) struct KafkaSection {
     pub(crate) topic: Option<String>,
     pub(crate) delivery_timeout: Option<Dur>,
     pub(crate) queue_timeout: Option<Dur>,
+    pub(crate) sasl_password_file: Option<String>,
     /// librdkafka properties, e.g. `"security.protocol" = "SASL_SSL"`.
     pub(crate) properties: BTreeMap<String, String>,
 }

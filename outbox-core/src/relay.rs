@@ -158,12 +158,16 @@ pub struct Relay<S, P> {
     liveness: Arc<Liveness>,
     broker: Arc<BrokerHealth>,
     event_types: telemetry::EventTypeLabels,
+    /// The `outbox` label of every metric ([`Store::name`], or [`Relay::with_name`]).
+    outbox: metrics::SharedString,
 }
 
 impl<S: Store, P: Publisher> Relay<S, P> {
     /// A relay with the default [`RelayConfig`].
     pub fn new(store: S, publisher: P) -> Self {
+        let outbox = metrics::SharedString::from(std::sync::Arc::<str>::from(store.name()));
         Self {
+            outbox,
             store,
             publisher,
             config: RelayConfig::default(),
@@ -179,6 +183,19 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     pub fn with_config(mut self, config: RelayConfig) -> Self {
         self.config = config;
         self
+    }
+
+    /// Name the outbox `name` in metrics (`outbox` label) and logs instead of the
+    /// store's [`Store::name`].
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.outbox = metrics::SharedString::from(std::sync::Arc::<str>::from(name.into()));
+        self
+    }
+
+    /// The outbox's name in metrics and logs.
+    pub fn name(&self) -> &str {
+        &self.outbox
     }
 
     /// The configuration in use.
@@ -224,7 +241,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// passes.
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send) {
         telemetry::describe();
-        metrics::gauge!(telemetry::BROKER_UP).set(if self.broker.is_up() { 1.0 } else { 0.0 });
+        metrics::gauge!(telemetry::BROKER_UP, "outbox" => self.outbox.clone())
+            .set(if self.broker.is_up() { 1.0 } else { 0.0 });
         let stop = Stop::default();
         let watch = async {
             shutdown.await;
@@ -235,14 +253,20 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         self.liveness.started(loops, Instant::now());
         let workers =
             futures_util::future::join_all((0..loops).map(|worker| self.work(worker, &stop)));
-        tokio::join!(
-            watch,
-            workers,
-            self.refresh_pending(&stop),
-            self.probe_broker(&stop)
-        );
-        self.liveness.stopped();
-        tracing::info!("outbox relay: stopped");
+        // Every log line of the loops names the outbox (several may run in one process).
+        let span = tracing::info_span!("outbox.relay", outbox = &*self.outbox);
+        async {
+            tokio::join!(
+                watch,
+                workers,
+                self.refresh_pending(&stop),
+                self.probe_broker(&stop)
+            );
+            self.liveness.stopped();
+            tracing::info!("outbox relay: stopped");
+        }
+        .instrument(span)
+        .await;
     }
 
     async fn work(&self, worker: usize, stop: &Stop) {
@@ -325,7 +349,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         match change {
             Change::None => {}
             Change::WentDown => {
-                metrics::gauge!(telemetry::BROKER_UP).set(0.0);
+                metrics::gauge!(telemetry::BROKER_UP, "outbox" => self.outbox.clone()).set(0.0);
                 if let BrokerStatus::Down { reason, .. } = self.broker.status() {
                     tracing::error!(
                         error = %reason,
@@ -335,7 +359,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 }
             }
             Change::CameBack(outage) => {
-                metrics::gauge!(telemetry::BROKER_UP).set(1.0);
+                metrics::gauge!(telemetry::BROKER_UP, "outbox" => self.outbox.clone()).set(1.0);
                 tracing::info!(
                     outage_ms = u64::try_from(outage.as_millis()).unwrap_or(u64::MAX),
                     "outbox relay: broker available again; claiming resumed"
@@ -347,7 +371,10 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     async fn refresh_pending(&self, stop: &Stop) {
         while !stop.is_triggered() {
             match self.store.pending().await {
-                Ok(n) => metrics::gauge!(telemetry::EVENTS_PENDING).set(n as f64),
+                Ok(n) => {
+                    metrics::gauge!(telemetry::EVENTS_PENDING, "outbox" => self.outbox.clone())
+                        .set(n as f64)
+                }
                 Err(error) => tracing::warn!(%error, "outbox relay: cannot count pending events"),
             }
             stop.or(tokio::time::sleep(self.config.pending_refresh))
@@ -374,6 +401,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let span = tracing::info_span!(
             "outbox.batch",
+            outbox = &*self.outbox,
             // Signed: OpenTelemetry has no unsigned integers (a u64 field becomes a string).
             events = count(claim.events().len()),
             published = tracing::field::Empty,
@@ -434,7 +462,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                     Decision::Published => {
                         report.published += 1;
                         let lag = (now - event.created_at).num_microseconds().unwrap_or(0);
-                        metrics::histogram!(telemetry::PUBLISH_LAG).record(lag as f64 / 1e6);
+                        metrics::histogram!(telemetry::PUBLISH_LAG, "outbox" => self.outbox.clone()).record(lag as f64 / 1e6);
                     }
                     Decision::Retry { .. } => report.retried += 1,
                     Decision::DeadLetter { .. } => report.dead_lettered += 1,
@@ -452,8 +480,10 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         self.tell(change);
         claim.complete(decisions).await?;
 
-        metrics::counter!(telemetry::EVENTS_PUBLISHED).increment(report.published as u64);
-        metrics::histogram!(telemetry::BATCH_DURATION).record(started.elapsed().as_secs_f64());
+        metrics::counter!(telemetry::EVENTS_PUBLISHED, "outbox" => self.outbox.clone())
+            .increment(report.published as u64);
+        metrics::histogram!(telemetry::BATCH_DURATION, "outbox" => self.outbox.clone())
+            .record(started.elapsed().as_secs_f64());
         self.stats
             .published
             .fetch_add(report.published as u64, Ordering::Relaxed);
@@ -467,7 +497,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             .deferred
             .fetch_add(report.deferred as u64, Ordering::Relaxed);
         if report.held_back > 0 {
-            metrics::counter!(telemetry::EVENTS_HELD_BACK).increment(report.held_back as u64);
+            metrics::counter!(telemetry::EVENTS_HELD_BACK, "outbox" => self.outbox.clone())
+                .increment(report.held_back as u64);
             self.stats
                 .held_back
                 .fetch_add(report.held_back as u64, Ordering::Relaxed);
@@ -619,7 +650,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         let event_type = self
             .event_types
             .label(&event.event_type, self.config.event_type_labels);
-        metrics::counter!(telemetry::EVENTS_FAILED, "event_type" => event_type.clone())
+        metrics::counter!(telemetry::EVENTS_FAILED, "outbox" => self.outbox.clone(), "event_type" => event_type.clone())
             .increment(1);
         let give_up = match error.kind {
             FailureKind::Permanent => Some(format!("permanent: {}", error.message)),
@@ -633,7 +664,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         };
         match give_up {
             Some(error) => {
-                metrics::counter!(telemetry::EVENTS_DEAD_LETTERED, "event_type" => event_type)
+                metrics::counter!(telemetry::EVENTS_DEAD_LETTERED, "outbox" => self.outbox.clone(), "event_type" => event_type)
                     .increment(1);
                 tracing::error!(
                     event_id = %event.id,

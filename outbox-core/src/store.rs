@@ -26,6 +26,14 @@ pub trait Store: Send + Sync {
     /// Number of events waiting to be published (not dead-lettered), for the pending gauge.
     fn pending(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
+    /// The outbox's name: the value of the `outbox` label on every metric of a relay
+    /// on this store, and a field of its logs, so that several outboxes in one
+    /// process keep separate series. Defaults to `outbox`; the PostgreSQL store
+    /// says `schema.table`.
+    fn name(&self) -> String {
+        "outbox".to_string()
+    }
+
     /// Wait until new events may be available, or `timeout` passed. Defaults to sleeping:
     /// plain polling. Stores with a wake-up channel return earlier.
     fn wait_for_events(&self, timeout: Duration) -> impl Future<Output = ()> + Send {

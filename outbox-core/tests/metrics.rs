@@ -88,3 +88,65 @@ async fn relay_reports_published_failed_dead_and_batch_duration() {
         other => panic!("no publish lag histogram: {other:?}"),
     }
 }
+
+/// Two relays in one process (two outboxes) keep separate series: every metric
+/// carries the `outbox` label, the store's name unless the relay is given one.
+#[tokio::test(flavor = "current_thread")]
+async fn every_series_carries_the_outbox_label_of_its_relay() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+
+    let relay_for = |events: usize| {
+        let store = MemoryStore::new();
+        for n in 0..events {
+            store
+                .enqueue(NewEvent::new(
+                    "order",
+                    n.to_string(),
+                    "order.created",
+                    &serde_json::json!({}),
+                ))
+                .unwrap();
+        }
+        Relay::new(store, RecordingPublisher::new())
+    };
+    let default_named = relay_for(1);
+    assert_eq!(default_named.name(), "outbox");
+    default_named.run_once().await.unwrap();
+    let tenant_a = relay_for(2).with_name("tenant_a.outbox_events");
+    tenant_a.run_once().await.unwrap();
+    let tenant_b = relay_for(3).with_name("tenant_b.outbox_events");
+    tenant_b.run_once().await.unwrap();
+
+    let metrics: Vec<_> = snapshotter.snapshot().into_vec();
+    for (key, _, _, _) in &metrics {
+        assert!(
+            key.key().labels().any(|l| l.key() == "outbox"),
+            "{} has no outbox label",
+            key.key().name()
+        );
+    }
+    let published = |outbox: &str| {
+        metrics
+            .iter()
+            .find(|(key, _, _, _)| {
+                key.kind() == MetricKind::Counter
+                    && key.key().name() == telemetry::EVENTS_PUBLISHED
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "outbox" && l.value() == outbox)
+            })
+            .map(|(_, _, _, v)| v)
+    };
+    assert_eq!(published("outbox"), Some(&DebugValue::Counter(1)));
+    assert_eq!(
+        published("tenant_a.outbox_events"),
+        Some(&DebugValue::Counter(2))
+    );
+    assert_eq!(
+        published("tenant_b.outbox_events"),
+        Some(&DebugValue::Counter(3))
+    );
+}

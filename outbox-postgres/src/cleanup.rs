@@ -17,6 +17,7 @@ pub struct Cleanup {
     sql: Arc<Sql>,
     persistent: bool,
     batch_size: i64,
+    name: String,
 }
 
 impl Cleanup {
@@ -27,7 +28,13 @@ impl Cleanup {
             sql: Arc::clone(outbox.sql()),
             persistent: outbox.persistent(),
             batch_size: 1000,
+            name: outbox.tables().outbox_name(),
         }
+    }
+
+    /// The outbox's name in metrics and logs (`schema.table`).
+    pub fn name(&self) -> String {
+        self.name.clone()
     }
 
     /// Rows deleted per statement. Defaults to 1,000.

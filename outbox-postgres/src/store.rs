@@ -552,6 +552,11 @@ pub struct ClaimSql<'a> {
 impl Store for PgStore {
     type Claim = PgClaim;
 
+    /// `schema.table` of the events table.
+    fn name(&self) -> String {
+        self.outbox.tables().outbox_name()
+    }
+
     async fn claim(&self, limit: usize) -> Result<PgClaim, StoreError> {
         Ok(self.claim_batch(limit).await?)
     }

@@ -85,6 +85,11 @@ impl Tables {
         &self.inbox
     }
 
+    /// The outbox's name in metrics and logs: `schema.events_table`, unquoted.
+    pub fn outbox_name(&self) -> String {
+        format!("{}.{}", self.schema, self.events)
+    }
+
     /// `"schema"."name"`.
     pub(crate) fn qualify(&self, name: &Ident) -> String {
         format!("{}.{}", self.schema.quoted(), name.quoted())

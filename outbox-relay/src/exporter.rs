@@ -40,7 +40,7 @@ pub(crate) const ALL: &[&str] = &[
 
 /// Install the global recorder. Histograms get buckets (not summaries) so that
 /// `histogram_quantile` can aggregate them across relays.
-pub(crate) fn install() -> Result<PrometheusHandle, Failure> {
+pub(crate) fn install(outbox: &str) -> Result<PrometheusHandle, Failure> {
     let failed = |e: metrics_exporter_prometheus::BuildError| {
         Failure::runtime(format!("metrics exporter: {e}"))
     };
@@ -63,8 +63,9 @@ pub(crate) fn install() -> Result<PrometheusHandle, Failure> {
     );
     metrics::describe_counter!(CLEANUP_DELETED, "Rows deleted by retention cleanup");
     // Zero from the start, so alerts and rates see the series before the first event.
-    metrics::counter!(telemetry::EVENTS_PUBLISHED).absolute(0);
-    metrics::counter!(CLEANUP_DELETED).absolute(0);
+    // Labelled as the relay labels them (`outbox` = the store's name).
+    metrics::counter!(telemetry::EVENTS_PUBLISHED, "outbox" => outbox.to_owned()).absolute(0);
+    metrics::counter!(CLEANUP_DELETED, "outbox" => outbox.to_owned()).absolute(0);
     Ok(handle)
 }
 

@@ -24,7 +24,9 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
         Some(addr) => Some(http::bind(addr).await?),
         None => None,
     };
-    let metrics = exporter::install()?;
+    // The `outbox` label of every series: the store's name, `schema.table`.
+    let outbox = settings.tables.outbox_name();
+    let metrics = exporter::install(&outbox)?;
     let pool = db::connect(database, Role::Relay).await?;
     db::ensure_migrated(&pool, &settings.tables).await?;
     let broker_name = broker.name();
@@ -56,6 +58,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     tasks.spawn(upkeep(metrics, stop_rx.clone()));
     tasks.spawn(refresh_stats(
         store.clone(),
+        outbox.clone(),
         settings.stats_refresh,
         stop_rx.clone(),
     ));
@@ -172,14 +175,20 @@ async fn upkeep(
 }
 
 /// Dead letters and oldest pending age, for alerts.
-async fn refresh_stats(store: PgStore, every: Duration, stop: watch::Receiver<bool>) {
+async fn refresh_stats(
+    store: PgStore,
+    outbox: String,
+    every: Duration,
+    stop: watch::Receiver<bool>,
+) {
     let stop = stopped(stop);
     tokio::pin!(stop);
     loop {
         match store.stats().await {
             Ok(stats) => {
-                metrics::gauge!(exporter::DEAD_LETTERS).set(stats.dead_letters as f64);
-                metrics::gauge!(exporter::OLDEST_PENDING_AGE)
+                metrics::gauge!(exporter::DEAD_LETTERS, "outbox" => outbox.clone())
+                    .set(stats.dead_letters as f64);
+                metrics::gauge!(exporter::OLDEST_PENDING_AGE, "outbox" => outbox.clone())
                     .set(stats.oldest_pending_age.as_secs_f64());
             }
             Err(error) => tracing::warn!(%error, "cannot read outbox stats"),
@@ -227,6 +236,7 @@ pub(crate) async fn clean_once(
         Some(age) => cleanup.inbox_older_than(age).await?,
         None => 0,
     };
-    metrics::counter!(exporter::CLEANUP_DELETED).increment(events + inbox);
+    metrics::counter!(exporter::CLEANUP_DELETED, "outbox" => cleanup.name())
+        .increment(events + inbox);
     Ok((events, inbox))
 }

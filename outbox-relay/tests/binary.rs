@@ -160,10 +160,25 @@ async fn metrics_and_health_endpoints() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    let outbox_label = format!("outbox=\"{}.outbox_events\"", outbox.tables.schema());
     assert!(
-        metrics.contains("outbox_batch_duration_seconds_bucket{le=\"5\"}"),
-        "batch duration must be a histogram with buckets:\n{metrics}"
+        metrics
+            .lines()
+            .any(|l| l.starts_with("outbox_batch_duration_seconds_bucket{")
+                && l.contains(&outbox_label)
+                && l.contains("le=\"5\"")),
+        "batch duration must be a histogram with buckets, labelled with the outbox:\n{metrics}"
     );
+    for name in [
+        "outbox_events_published_total",
+        "outbox_events_pending",
+        "outbox_dead_letters",
+    ] {
+        assert!(
+            metrics.contains(&format!("{name}{{{outbox_label}}}")),
+            "{name} is not labelled {outbox_label}:\n{metrics}"
+        );
+    }
     assert_eq!(sample(&metrics, "outbox_dead_letters"), Some(1.0));
     for name in alert_metric_names() {
         if ONLY_AFTER_A_FAILURE.contains(&name.as_str()) {

@@ -252,10 +252,12 @@ pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 /// Value of an unlabelled sample in Prometheus text.
+/// The value of the first sample of `name` in a Prometheus scrape, whatever its labels.
 pub fn sample(metrics: &str, name: &str) -> Option<f64> {
     metrics.lines().find_map(|line| {
-        let (key, value) = line.split_once(' ')?;
-        (key == name).then(|| value.trim().parse().ok())?
+        let (key, value) = line.rsplit_once(' ')?;
+        let series = key.split('{').next()?;
+        (series == name).then(|| value.trim().parse().ok())?
     })
 }
 

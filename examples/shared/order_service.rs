@@ -61,6 +61,8 @@ pub(crate) fn init_tracing(default_filter: &str) {
                 .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal, not in a file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 

@@ -9,6 +9,7 @@ use crate::event::Event;
 
 /// What happened to one event of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The broker acknowledged the message (publisher confirm, PubAck, delivery report...).
     Published,
@@ -48,6 +49,7 @@ impl Outcome {
 /// broker as a whole: it counts no attempt; the relay stops claiming and probes the
 /// broker ([`Publisher::check`]) until it answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailureKind {
     /// This message failed, for a reason that may pass (a nack, throttling, a
     /// timeout of this message while others went through): try it again later.

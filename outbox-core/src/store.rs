@@ -69,6 +69,10 @@ pub trait Claim: Send {
 }
 
 /// What the store must record for one claimed event.
+///
+/// Exhaustive on purpose (unlike [`crate::Outcome`]): every store must record
+/// every decision, so a new one should stop a store from compiling rather than
+/// fall into a wildcard arm that loses it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Published: mark processed (or delete, per the store's retention).

@@ -519,6 +519,18 @@ pub(crate) fn apply_env(
             _ => {}
         }
     }
+    // The variable most tools (sqlx, Heroku-style platforms) set, when neither the
+    // file nor OUTBOX_DATABASE_URL names a database.
+    if file
+        .database
+        .url
+        .as_deref()
+        .is_none_or(|u| u.trim().is_empty())
+    {
+        if let Some(url) = var("DATABASE_URL").filter(|v| !v.trim().is_empty()) {
+            file.database.url = Some(url);
+        }
+    }
     Ok(())
 }
 
@@ -629,7 +641,7 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
         }
         _ => (
             None,
-            "no database URL: set database.url in the config file (--config) or OUTBOX_DATABASE_URL"
+            "no database URL: set database.url in the config file (--config), OUTBOX_DATABASE_URL or DATABASE_URL"
                 .to_string(),
         ),
     };
@@ -762,6 +774,30 @@ mod tests {
         let err =
             apply_env(&mut f, |n| (n == "OUTBOX_WORKERS").then(|| "many".into())).unwrap_err();
         assert!(err.contains("OUTBOX_WORKERS"), "{err}");
+    }
+
+    #[test]
+    fn database_url_is_the_last_fallback() {
+        let lookup = |n: &str| match n {
+            "DATABASE_URL" => Some("postgres://fallback/db".into()),
+            _ => None,
+        };
+        let mut none = FileConfig::default();
+        apply_env(&mut none, lookup).unwrap();
+        assert_eq!(none.database.url.as_deref(), Some("postgres://fallback/db"));
+        let mut in_file = parse_str("[database]\nurl = \"postgres://file/db\"\n").unwrap();
+        apply_env(&mut in_file, lookup).unwrap();
+        assert_eq!(in_file.database.url.as_deref(), Some("postgres://file/db"));
+        let mut from_outbox_var = FileConfig::default();
+        apply_env(&mut from_outbox_var, |n| match n {
+            "OUTBOX_DATABASE_URL" => Some("postgres://outbox/db".into()),
+            other => lookup(other),
+        })
+        .unwrap();
+        assert_eq!(
+            from_outbox_var.database.url.as_deref(),
+            Some("postgres://outbox/db")
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Longest time the proxy waits to connect to the upstream address.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Forwards 127.0.0.1:<port> to an upstream address while up; when cut, every
+/// Forwards `127.0.0.1:<port>` to an upstream address while up; when cut, every
 /// connection is closed and new ones are closed at once. Dropping it cuts it and
 /// stops listening.
 #[derive(Debug)]

@@ -38,9 +38,14 @@ fi
 
 # SQS: moto's server, installed (pip) and started by scripts/moto.sh, which
 # exports OUTBOX_SQS_ENDPOINT and stops the server when this script exits.
-# Kafka needs nothing here: the tests start librdkafka's mock cluster.
+# Kafka: most tests start librdkafka's mock cluster themselves; the conformance
+# suite and an end-to-end test also run against tansu, a Kafka-protocol broker
+# process that scripts/tansu.sh installs when missing (cargo install, once per
+# machine, 15-25 min), starts, exports as OUTBOX_TANSU_BROKERS and stops at exit.
 # shellcheck source=scripts/moto.sh
 source scripts/moto.sh || { say "FAILED: moto (SQS test server) could not be started"; exit 1; }
+# shellcheck source=scripts/tansu.sh
+source scripts/tansu.sh || { say "FAILED: tansu (Kafka test broker) could not be started (see above)"; exit 1; }
 
 # PgBouncer in transaction pooling mode, for the tests through a pooler: started by
 # scripts/pgbouncer.sh (pgbouncer must be installed), which exports

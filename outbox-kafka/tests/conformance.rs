@@ -1,10 +1,11 @@
-//! The shared publisher conformance suite against librdkafka's mock cluster.
+//! The shared publisher conformance suite against librdkafka's mock cluster and
+//! against tansu, a Kafka-protocol broker process (scripts/tansu.sh starts it).
 
 mod common;
 
 use std::time::Duration;
 
-use common::{closed_port, consumer, read, unique, MockKafka};
+use common::{closed_port, consumer, create_topic, read, tansu_bootstrap, unique, MockKafka};
 use pgoutbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
 use pgoutbox_core::Event;
 use pgoutbox_kafka::rdkafka::consumer::StreamConsumer;
@@ -14,21 +15,36 @@ use pgoutbox_kafka::{KafkaConfig, KafkaPublisher, Received};
 const PARTITIONS: i32 = 3;
 
 struct Kafka {
-    // Dropped last: the consumer and publishers talk to it.
+    // Dropped before the mock cluster: they talk to it.
     consumer: StreamConsumer,
     topic: String,
-    mock: MockKafka,
+    bootstrap: String,
+    /// The mock cluster, or `None` for a broker running on its own (tansu).
+    _mock: Option<MockKafka>,
 }
 
 impl Kafka {
-    fn new() -> Self {
+    fn mock() -> Self {
         let mock = MockKafka::start(1);
         let topic = unique("conformance");
         mock.create_topic(&topic, PARTITIONS);
         Self {
             consumer: consumer(mock.bootstrap(), &topic, PARTITIONS),
             topic,
-            mock,
+            bootstrap: mock.bootstrap().to_string(),
+            _mock: Some(mock),
+        }
+    }
+
+    async fn tansu() -> Self {
+        let bootstrap = tansu_bootstrap();
+        let topic = unique("conformance");
+        create_topic(&bootstrap, &topic, PARTITIONS).await;
+        Self {
+            consumer: consumer(&bootstrap, &topic, PARTITIONS),
+            topic,
+            bootstrap,
+            _mock: None,
         }
     }
 }
@@ -37,7 +53,7 @@ impl ConformanceTarget for Kafka {
     type Publisher = KafkaPublisher;
 
     async fn publisher(&self) -> Result<KafkaPublisher, BoxError> {
-        Ok(KafkaConfig::new(self.mock.bootstrap())
+        Ok(KafkaConfig::new(&self.bootstrap)
             .topic(&self.topic)
             .delivery_timeout(Duration::from_secs(10))
             .build()?)
@@ -87,4 +103,12 @@ impl ConformanceTarget for Kafka {
     }
 }
 
-pgoutbox_core::conformance_tests!(Kafka::new());
+mod mock_cluster {
+    use super::Kafka;
+    pgoutbox_core::conformance_tests!(Kafka::mock());
+}
+
+mod tansu {
+    use super::Kafka;
+    pgoutbox_core::conformance_tests!(Kafka::tansu().await);
+}

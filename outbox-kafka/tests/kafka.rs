@@ -6,11 +6,14 @@ mod common;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::{consumer, key, read, unique, MockKafka};
+use common::{
+    consumer, create_topic, group_consumer, key, read, tansu_bootstrap, unique, MockKafka,
+};
 use pgoutbox_core::conformance::event;
 use pgoutbox_core::{
     Event, FailureKind, NewEvent, Outcome, Publisher, Relay, RelayConfig, RetryPolicy, Store,
 };
+use pgoutbox_kafka::rdkafka::consumer::StreamConsumer;
 use pgoutbox_kafka::rdkafka::message::Message;
 use pgoutbox_kafka::{KafkaConfig, Received};
 use pgoutbox_postgres::testing::TestOutbox;
@@ -205,26 +208,39 @@ async fn enqueue_orders(db: &TestOutbox, aggregates: usize, per_aggregate: usize
 
 #[tokio::test(flavor = "multi_thread")]
 async fn end_to_end_through_postgres() {
-    let db = TestOutbox::new()
-        .await
-        .expect("PostgreSQL (DATABASE_URL) for the end-to-end test");
     let mock = MockKafka::start(1);
     let topic = unique("orders");
     mock.create_topic(&topic, 4);
+    let reader = consumer(mock.bootstrap(), &topic, 4);
+    end_to_end(mock.bootstrap(), &topic, &reader).await;
+}
+
+/// The same against tansu, a Kafka-protocol broker process, read back by a consumer
+/// that joins a consumer group (subscribe, not assign).
+#[tokio::test(flavor = "multi_thread")]
+async fn end_to_end_through_postgres_on_tansu() {
+    let bootstrap = tansu_bootstrap();
+    let topic = unique("orders");
+    create_topic(&bootstrap, &topic, 4).await;
+    let reader = group_consumer(&bootstrap, &topic);
+    end_to_end(&bootstrap, &topic, &reader).await;
+}
+
+/// 4 aggregates x 5 events through PostgreSQL and the relay to `topic` (4
+/// partitions): every event arrives, each aggregate's in insertion order.
+async fn end_to_end(bootstrap: &str, topic: &str, reader: &StreamConsumer) {
+    let db = TestOutbox::new()
+        .await
+        .expect("PostgreSQL (DATABASE_URL) for the end-to-end test");
     let ids = enqueue_orders(&db, 4, 5).await;
-    let publisher = KafkaConfig::new(mock.bootstrap())
-        .topic(&topic)
+    let publisher = KafkaConfig::new(bootstrap)
+        .topic(topic)
         .build()
-        .unwrap();
+        .expect("publisher");
     let relay = Relay::new(db.store(), publisher).with_config(relay_config());
     drain(&relay, Duration::from_secs(60)).await;
 
-    let messages = read(
-        &consumer(mock.bootstrap(), &topic, 4),
-        ids.len(),
-        Duration::from_secs(30),
-    )
-    .await;
+    let messages = read(reader, ids.len(), Duration::from_secs(30)).await;
     let got = ids_of(&messages);
     assert_eq!(
         got.iter().collect::<HashSet<_>>(),
@@ -238,13 +254,14 @@ async fn end_to_end_through_postgres() {
         let rounds: Vec<i64> = mine
             .iter()
             .map(|m| {
-                let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
-                v["round"].as_i64().unwrap()
+                let v: serde_json::Value =
+                    serde_json::from_slice(m.payload().expect("a payload")).expect("JSON");
+                v["round"].as_i64().expect("a round")
             })
             .collect();
         assert_eq!(rounds, (0..5).collect::<Vec<_>>(), "order of {aggregate}");
     }
-    db.drop_schema().await.unwrap();
+    db.drop_schema().await.expect("drop schema");
 }
 
 #[tokio::test(flavor = "multi_thread")]

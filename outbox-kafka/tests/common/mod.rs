@@ -122,6 +122,20 @@ pub fn consumer(bootstrap: &str, topic: &str, partitions: i32) -> StreamConsumer
     consumer
 }
 
+/// A consumer in a fresh consumer group, subscribed to `topic` from the beginning:
+/// partitions come from the broker's group coordinator.
+pub fn group_consumer(bootstrap: &str, topic: &str) -> StreamConsumer {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("outbox-test"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    consumer
+}
+
 /// Read up to `max` messages, waiting at most `wait` in all.
 pub async fn read(consumer: &StreamConsumer, max: usize, wait: Duration) -> Vec<OwnedMessage> {
     let deadline = Instant::now() + wait;
@@ -151,4 +165,52 @@ pub fn closed_port() -> u16 {
 /// The partition and key of a message, for assertions.
 pub fn key(m: &OwnedMessage) -> String {
     String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned()
+}
+
+/// The tansu broker scripts/tansu.sh started (a real Kafka-protocol broker process,
+/// in-memory storage): its bootstrap address, from `OUTBOX_TANSU_BROKERS`.
+pub fn tansu_bootstrap() -> String {
+    std::env::var("OUTBOX_TANSU_BROKERS").unwrap_or_else(|_| {
+        panic!("OUTBOX_TANSU_BROKERS is not set: run the tests with scripts/test.sh, which starts tansu")
+    })
+}
+
+/// Create `topic` with `partitions` on the broker at `bootstrap` (the Kafka admin
+/// API, as on any broker) and wait until its metadata shows every partition.
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+    use pgoutbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use pgoutbox_kafka::rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin client");
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("create topics");
+    for result in results {
+        result.unwrap_or_else(|(name, code)| panic!("cannot create topic {name}: {code}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metadata = admin
+            .inner()
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .expect("metadata");
+        let ready = metadata
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.partitions().len() == partitions as usize);
+        if ready {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "topic {topic} never showed {partitions} partitions"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -6,6 +6,8 @@ mod error;
 pub mod headers;
 mod publisher;
 mod routing;
+#[cfg(feature = "test-utils")]
+pub mod testing;
 mod tls;
 
 pub use config::{NatsConfig, DEFAULT_URL};

@@ -1,14 +1,15 @@
 //! NATS over TLS with nkey and password authentication, against a nats-server of
-//! the test's own (a TLS listener with JetStream, started per test on a free port)
-//! presenting the test CA's server certificate (scripts/test-ca.sh).
+//! the test's own (`testing::TlsNatsServer`: a TLS listener with JetStream, started
+//! per test on a free port) presenting the test CA's server certificate
+//! (scripts/test-ca.sh).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use pgoutbox_core::conformance::event;
 use pgoutbox_core::{Outcome, Publisher};
 use pgoutbox_nats::async_nats::jetstream::stream::StorageType;
+use pgoutbox_nats::testing::{TlsNatsServer, PASSWORD, USER};
 use pgoutbox_nats::{NatsConfig, NatsPublisher, SubjectRouting};
 
 /// What scripts/test-ca.sh exported; a missing one fails the test with how to get it.
@@ -18,97 +19,20 @@ fn env(name: &str) -> String {
     })
 }
 
-const PASSWORD: &str = "s3cret with spaces";
-
-/// A nats-server with only a TLS listener, JetStream in a temporary folder, one
-/// nkey user and one user with a password; killed when dropped.
-struct TlsServer {
-    child: Child,
-    url: String,
-    dir: tempfile::TempDir,
-    seed_file: PathBuf,
+/// A TLS nats-server with the test CA's server certificate.
+fn start_server() -> TlsNatsServer {
+    TlsNatsServer::start(
+        Path::new(&env("OUTBOX_TLS_SERVER_CERT")),
+        Path::new(&env("OUTBOX_TLS_SERVER_KEY")),
+    )
 }
 
-impl TlsServer {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let user = nkeys::KeyPair::new_user();
-        let seed_file = dir.path().join("user.nk");
-        std::fs::write(&seed_file, format!("{}\n", user.seed().expect("seed"))).expect("seed");
-        let port = free_port();
-        let config = dir.path().join("nats.conf");
-        std::fs::write(
-            &config,
-            format!(
-                r#"listen: "127.0.0.1:{port}"
-jetstream {{ store_dir: "{store}" }}
-tls {{ cert_file: "{cert}", key_file: "{key}", timeout: 5 }}
-authorization {{ users = [ {{ nkey: "{nkey}" }}, {{ user: "outbox", password: "{PASSWORD}" }} ] }}
-"#,
-                store = dir.path().join("js").display(),
-                cert = env("OUTBOX_TLS_SERVER_CERT"),
-                key = env("OUTBOX_TLS_SERVER_KEY"),
-                nkey = user.public_key(),
-            ),
-        )
-        .expect("write nats.conf");
-        let child = Command::new(nats_server())
-            .arg("-c")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nats-server");
-        let server = Self {
-            child,
-            url: format!("tls://127.0.0.1:{port}"),
-            dir,
-            seed_file,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
-    }
-
-    /// Settings for this server, routed to a fresh prefix, with the test CA.
-    fn config(&self, prefix: &str) -> NatsConfig {
-        NatsConfig::new(&self.url)
-            .routing(SubjectRouting::new(prefix))
-            .timeout(Duration::from_secs(5))
-            .tls_ca_file(env("OUTBOX_TLS_CA"))
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn nats_server() -> PathBuf {
-    [
-        "/usr/sbin/nats-server",
-        "/usr/bin/nats-server",
-        "/usr/local/bin/nats-server",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.is_file())
-    .expect("nats-server is installed (Debian package nats-server)")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+/// Settings for `server`, routed to a fresh prefix, with the test CA.
+fn config(server: &TlsNatsServer, prefix: &str) -> NatsConfig {
+    NatsConfig::new(server.url())
+        .routing(SubjectRouting::new(prefix))
+        .timeout(Duration::from_secs(5))
+        .tls_ca_file(env("OUTBOX_TLS_CA"))
 }
 
 /// Publish one event into a fresh stream and expect the broker's acknowledgement.
@@ -131,10 +55,9 @@ async fn publishes(publisher: &NatsPublisher, prefix: &str) {
 /// the test CA) publishes into JetStream.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_nkey_user_publishes_over_tls() {
-    let server = TlsServer::start();
-    let publisher = server
-        .config("tls_nkey")
-        .nkey_seed_file(&server.seed_file)
+    let server = start_server();
+    let publisher = config(&server, "tls_nkey")
+        .nkey_seed_file(server.nkey_seed_file())
         .connect()
         .await
         .expect("connect with TLS and an nkey");
@@ -144,15 +67,15 @@ async fn an_nkey_user_publishes_over_tls() {
 /// The binary's way: settings from variables, the password read from a file.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_password_from_a_file_authenticates_over_tls() {
-    let server = TlsServer::start();
-    let password_file = server.dir.path().join("password");
+    let server = start_server();
+    let password_file = server.dir().join("password");
     std::fs::write(&password_file, format!("{PASSWORD}\n")).expect("password file");
     let vars = [
-        ("OUTBOX_NATS_URL", server.url.clone()),
+        ("OUTBOX_NATS_URL", server.url().to_string()),
         ("OUTBOX_NATS_SUBJECT_PREFIX", "tls_password".to_string()),
         ("OUTBOX_NATS_TLS_REQUIRED", "true".to_string()),
         ("OUTBOX_NATS_TLS_CA", env("OUTBOX_TLS_CA")),
-        ("OUTBOX_NATS_USER", "outbox".to_string()),
+        ("OUTBOX_NATS_USER", USER.to_string()),
         (
             "OUTBOX_NATS_PASSWORD_FILE",
             password_file.display().to_string(),
@@ -171,10 +94,10 @@ async fn a_password_from_a_file_authenticates_over_tls() {
 /// refused by the server; a missing file is a configuration error naming it.
 #[tokio::test(flavor = "multi_thread")]
 async fn untrusted_certificates_wrong_keys_and_missing_files_are_refused() {
-    let server = TlsServer::start();
-    let untrusted = NatsConfig::new(&server.url)
+    let server = start_server();
+    let untrusted = NatsConfig::new(server.url())
         .timeout(Duration::from_secs(5))
-        .nkey_seed_file(&server.seed_file)
+        .nkey_seed_file(server.nkey_seed_file())
         .connect()
         .await
         .expect_err("a certificate of an unknown CA must be refused");
@@ -183,11 +106,10 @@ async fn untrusted_certificates_wrong_keys_and_missing_files_are_refused() {
         "{untrusted}"
     );
 
-    let other = server.dir.path().join("other.nk");
+    let other = server.dir().join("other.nk");
     let seed = nkeys::KeyPair::new_user().seed().expect("seed");
     std::fs::write(&other, seed).expect("seed file");
-    let refused = server
-        .config("tls_wrong")
+    let refused = config(&server, "tls_wrong")
         .nkey_seed_file(&other)
         .connect()
         .await
@@ -198,8 +120,7 @@ async fn untrusted_certificates_wrong_keys_and_missing_files_are_refused() {
     );
 
     let missing = Path::new("/nonexistent/ca.pem");
-    let err = server
-        .config("tls_missing")
+    let err = config(&server, "tls_missing")
         .tls_ca_file(missing)
         .validate()
         .expect_err("a missing CA file is an error");

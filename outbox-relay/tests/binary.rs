@@ -603,6 +603,54 @@ async fn relay_on_an_outbox_missing_a_migration_says_which() {
 }
 
 /// The relay against the real NATS JetStream (`OUTBOX_NATS_URL`, default 127.0.0.1:4222).
+/// The binary publishes to NATS over TLS: a nats-server of the test's own with only a
+/// TLS listener (the test CA's certificate), `tls_ca` in the config, the password
+/// read from a file; the stream holds every event afterwards.
+#[cfg(feature = "nats")]
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_publishes_to_nats_over_tls() {
+    use pgoutbox_nats::testing::{TlsNatsServer, PASSWORD, USER};
+
+    let server = TlsNatsServer::start(
+        Path::new(&tls_env("OUTBOX_TLS_SERVER_CERT")),
+        Path::new(&tls_env("OUTBOX_TLS_SERVER_KEY")),
+    );
+    let password_file = server.dir().join("password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
+    let outbox = TestOutbox::new().await.unwrap();
+    let stream = format!("OUTBOX_TLS_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let base = Config::for_schema(outbox.tables.schema().as_str(), "0");
+    let text = std::fs::read_to_string(&base.path)
+        .unwrap()
+        .replace("kind = \"stdout\"", "kind = \"nats\"");
+    let config = Config::new(&format!(
+        "{text}\n[broker.nats]\nurl = \"{url}\"\ntls_ca = \"{ca}\"\nuser = \"{USER}\"\n\
+         password_file = \"{password}\"\nsubject_prefix = \"tlstest\"\nensure_stream = \"{stream}\"\n",
+        url = server.url(),
+        ca = tls_env("OUTBOX_TLS_CA"),
+        password = password_file.display(),
+    ));
+    let ids = enqueue(&outbox, 20).await;
+    let relay = RelayProcess::start(&config.path);
+    wait_until_drained(&outbox, Duration::from_secs(30)).await;
+    let (status, _) = relay.terminate(Duration::from_secs(25));
+    assert!(status.success());
+    assert_eq!(dead_count(&outbox).await, 0);
+
+    let publisher = pgoutbox_nats::NatsConfig::new(server.url())
+        .tls_ca_file(tls_env("OUTBOX_TLS_CA"))
+        .user_password(USER, PASSWORD)
+        .connect()
+        .await
+        .expect("connect over TLS to read the stream");
+    let mut handle = publisher.jetstream().get_stream(&stream).await.unwrap();
+    assert_eq!(
+        handle.info().await.unwrap().state.messages,
+        ids.len() as u64
+    );
+    outbox.drop_schema().await.unwrap();
+}
+
 #[cfg(feature = "nats")]
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_publishes_to_nats_jetstream() {

@@ -105,13 +105,7 @@ pub fn unique(prefix: &str) -> String {
 
 /// A consumer reading `topic` (partitions `0..partitions`) from the beginning.
 pub fn consumer(bootstrap: &str, topic: &str, partitions: i32) -> StreamConsumer {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", unique("outbox-test"))
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .expect("consumer");
+    let consumer = fresh_group_member(bootstrap);
     let mut assignment = TopicPartitionList::new();
     for p in 0..partitions {
         assignment
@@ -125,15 +119,20 @@ pub fn consumer(bootstrap: &str, topic: &str, partitions: i32) -> StreamConsumer
 /// A consumer in a fresh consumer group, subscribed to `topic` from the beginning:
 /// partitions come from the broker's group coordinator.
 pub fn group_consumer(bootstrap: &str, topic: &str) -> StreamConsumer {
-    let consumer: StreamConsumer = ClientConfig::new()
+    let consumer = fresh_group_member(bootstrap);
+    consumer.subscribe(&[topic]).expect("subscribe");
+    consumer
+}
+
+/// A consumer of a fresh group that starts from the earliest offset, commits nothing.
+fn fresh_group_member(bootstrap: &str) -> StreamConsumer {
+    ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", unique("outbox-test"))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .create()
-        .expect("consumer");
-    consumer.subscribe(&[topic]).expect("subscribe");
-    consumer
+        .expect("consumer")
 }
 
 /// Read up to `max` messages, waiting at most `wait` in all.

@@ -114,6 +114,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
 
 /// Log directive that silences lapin's warning per returned (unroutable) message.
 const QUIET_LAPIN_RETURNS: &str = "lapin::returned_messages=error";
+/// Log directive that keeps PostgreSQL's notices ("relation ... already exists,
+/// skipping" from the idempotent migrations) below info.
+const QUIET_POSTGRES_NOTICES: &str = "sqlx::postgres::notice=warn";
 
 fn init_logging(format: LogFormat, default_level: &str) -> Result<(), Failure> {
     let (source, directives) = match (std::env::var("OUTBOX_LOG"), std::env::var("RUST_LOG")) {
@@ -128,6 +131,9 @@ fn init_logging(format: LogFormat, default_level: &str) -> Result<(), Failure> {
         // broker returns as unroutable; the relay already logs that event's failure
         // once with its id, so lapin's line is only noise unless asked for.
         filter = filter.add_directive(QUIET_LAPIN_RETURNS.parse().expect("valid directive"));
+    }
+    if !directives.contains("sqlx") {
+        filter = filter.add_directive(QUIET_POSTGRES_NOTICES.parse().expect("valid directive"));
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

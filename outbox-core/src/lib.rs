@@ -34,3 +34,5 @@ pub use retry::RetryPolicy;
 pub use routing::Routing;
 pub use secret::{read_secret_file, SecretFileError};
 pub use store::{Claim, Decision, Store, StoreError};
+/// The `uuid` crate of [`Event::id`] and [`NewEvent::with_id`], so users name the same version.
+pub use uuid;

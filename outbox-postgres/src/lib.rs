@@ -29,6 +29,9 @@ pub use inbox::{Inbox, InboxError, Processed};
 pub use migrate::{inbox_script, migrate, migrate_inbox, migration_script, unapplied_migrations};
 pub use pooler::pooler_options;
 pub use sql::AfterDeadLetter;
+/// The sqlx this crate is built with (0.8): your transactions must be of the same
+/// version to be passed to [`Outbox::enqueue`]; use this one or depend on `sqlx = "0.8"`.
+pub use sqlx;
 pub use stats::OutboxStats;
 pub use store::{ClaimSql, PgClaim, PgStore, Retention, StoreConfig};
 pub use tables::Tables;

@@ -153,20 +153,7 @@ impl NatsConfig {
         if let Some(name) = var("OUTBOX_NATS_CLIENT_NAME") {
             config.client_name = name;
         }
-        let password = match (
-            var("OUTBOX_NATS_PASSWORD"),
-            var("OUTBOX_NATS_PASSWORD_FILE"),
-        ) {
-            (Some(_), Some(_)) => {
-                return Err(Error::config(
-                    "OUTBOX_NATS_PASSWORD/OUTBOX_NATS_PASSWORD_FILE",
-                    "set one, not both",
-                ))
-            }
-            (Some(password), None) => Some(password),
-            (None, Some(file)) => Some(read_secret("OUTBOX_NATS_PASSWORD_FILE", &file)?),
-            (None, None) => None,
-        };
+        let password = value_or_file(&var, "OUTBOX_NATS_PASSWORD", "OUTBOX_NATS_PASSWORD_FILE")?;
         match (var("OUTBOX_NATS_USER"), password) {
             (Some(user), Some(password)) => config.user_password = Some((user, password)),
             (None, None) => {}
@@ -177,17 +164,7 @@ impl NatsConfig {
                 ))
             }
         }
-        config.token = match (var("OUTBOX_NATS_TOKEN"), var("OUTBOX_NATS_TOKEN_FILE")) {
-            (Some(_), Some(_)) => {
-                return Err(Error::config(
-                    "OUTBOX_NATS_TOKEN/OUTBOX_NATS_TOKEN_FILE",
-                    "set one, not both",
-                ))
-            }
-            (Some(token), None) => Some(token),
-            (None, Some(file)) => Some(read_secret("OUTBOX_NATS_TOKEN_FILE", &file)?),
-            (None, None) => None,
-        };
+        config.token = value_or_file(&var, "OUTBOX_NATS_TOKEN", "OUTBOX_NATS_TOKEN_FILE")?;
         if let Some(flag) = var("OUTBOX_NATS_TLS_REQUIRED") {
             config.tls_required = parse("OUTBOX_NATS_TLS_REQUIRED", &flag)?;
         }
@@ -360,9 +337,24 @@ impl NatsConfig {
     }
 }
 
-/// A secret kept in the file named by `var` (`path`).
-fn read_secret(var: &str, path: &str) -> Result<String> {
-    pgoutbox_core::read_secret_file(Path::new(path)).map_err(|e| Error::config(var, e.to_string()))
+/// A secret given in the variable `name` itself or kept in the file the variable
+/// `file_name` names (a mounted secret); setting both is an error.
+fn value_or_file(
+    var: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    file_name: &str,
+) -> Result<Option<String>> {
+    match (var(name), var(file_name)) {
+        (Some(_), Some(_)) => Err(Error::config(
+            format!("{name}/{file_name}"),
+            "set one, not both",
+        )),
+        (Some(value), None) => Ok(Some(value)),
+        (None, Some(path)) => pgoutbox_core::read_secret_file(Path::new(&path))
+            .map(Some)
+            .map_err(|e| Error::config(file_name, e.to_string())),
+        (None, None) => Ok(None),
+    }
 }
 
 /// The nkey seed in `path`, for [`NatsConfig::nkey_seed_file`].
@@ -397,6 +389,31 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_millis(250));
         assert_eq!(c.routing.prefix(), "shop");
         assert_eq!(c.validate().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_secret_comes_from_its_variable_or_its_file_never_both() {
+        let both = NatsConfig::from_lookup(|name| match name {
+            "OUTBOX_NATS_TOKEN" | "OUTBOX_NATS_TOKEN_FILE" => Some("x".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert!(
+            both.to_string()
+                .contains("OUTBOX_NATS_TOKEN/OUTBOX_NATS_TOKEN_FILE: set one, not both"),
+            "{both}"
+        );
+        let missing = NatsConfig::from_lookup(|name| match name {
+            "OUTBOX_NATS_USER" => Some("u".into()),
+            "OUTBOX_NATS_PASSWORD_FILE" => Some("/nonexistent/password".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert!(
+            missing.to_string().contains("OUTBOX_NATS_PASSWORD_FILE")
+                && missing.to_string().contains("/nonexistent/password"),
+            "{missing}"
+        );
     }
 
     #[test]

@@ -346,7 +346,8 @@ pub(crate) struct RoutingSection {
 #[derive(Debug, Clone)]
 pub(crate) struct DatabaseSettings {
     pub(crate) url: String,
-    /// Read at each connect, so a rotated secret is picked up by new connections.
+    /// Read when the command connects (once per process: a rotated secret needs a
+    /// restart; the pool's later connections reuse what was read).
     pub(crate) password_file: Option<PathBuf>,
     pub(crate) max_connections: u32,
     pub(crate) connect_timeout: Duration,

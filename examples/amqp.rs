@@ -32,6 +32,9 @@ use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
 
 const QUEUE: &str = "billing";
 
+const ABOUT: &str = "Order service on RabbitMQ: orders and their events commit in one transaction, a relay publishes them to the exchange `outbox`, a consumer processes each once.";
+const AFTER_HELP: &str = "Without arguments it runs until Ctrl-C. RabbitMQ: OUTBOX_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/%2f) and the other OUTBOX_AMQP_* variables; the queue `billing`.";
+
 #[tokio::main]
 async fn main() {
     order_service::init_tracing("info,sqlx=warn,lapin=warn");
@@ -39,8 +42,8 @@ async fn main() {
 }
 
 async fn run() -> Result<(), Error> {
-    let orders = order_service::orders_arg(None)?;
-    let (pool, tables) = order_service::connect().await?;
+    let orders = order_service::orders_arg("amqp", ABOUT, AFTER_HELP, None);
+    let db = order_service::connect("amqp").await?;
 
     // The publisher and its exchange, then the consumer's queue bound to it.
     let config = AmqpConfig::from_env()?;
@@ -74,8 +77,8 @@ async fn run() -> Result<(), Error> {
         .await?;
     eprintln!("amqp: publishing to exchange {exchange}, consuming queue {QUEUE}");
 
-    let outbox = Outbox::new(tables.clone());
-    let store = PgStore::new(pool.clone(), tables);
+    let outbox = Outbox::new(db.tables.clone());
+    let store = PgStore::new(db.pool.clone(), db.tables.clone());
     let relay = Relay::new(store, publisher).with_config(order_service::relay_config());
     let inbox = Inbox::new(&outbox, "billing")?;
 
@@ -84,8 +87,15 @@ async fn run() -> Result<(), Error> {
     let processed = order_service::run_service(
         &stop,
         relay.run(stop.clone().cancelled_owned()),
-        order_service::produce("amqp", &pool, &outbox, orders, Some(&pending), &stop),
-        consume(&channel, &pool, &inbox, orders.is_some(), &pending, &stop),
+        order_service::produce("amqp", &db, &outbox, orders, Some(&pending), &stop),
+        consume(
+            &channel,
+            &db.pool,
+            &inbox,
+            orders.is_some(),
+            &pending,
+            &stop,
+        ),
     )
     .await?;
     let _ = connection.close(0, "bye").await;
@@ -93,7 +103,7 @@ async fn run() -> Result<(), Error> {
         "amqp: published {} events, processed {processed}, bye",
         relay.stats().snapshot().published
     );
-    pool.close().await;
+    db.pool.close().await;
     Ok(())
 }
 

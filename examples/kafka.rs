@@ -32,6 +32,9 @@ use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
 
 const TOPIC: &str = "outbox-orders";
 
+const ABOUT: &str = "Order service on Kafka: orders and their events commit in one transaction, a relay publishes them to the topic `outbox-orders`, a consumer processes each once.";
+const AFTER_HELP: &str = "Without arguments it creates 5 orders. Kafka: OUTBOX_KAFKA_BROKERS and the other OUTBOX_KAFKA_* variables; without OUTBOX_KAFKA_BROKERS, librdkafka's in-process mock cluster.";
+
 #[tokio::main]
 async fn main() {
     order_service::init_tracing("info,sqlx=warn,rdkafka=warn");
@@ -39,8 +42,8 @@ async fn main() {
 }
 
 async fn run() -> Result<(), Error> {
-    let orders = order_service::orders_arg(Some(5))?;
-    let (pool, tables) = order_service::connect().await?;
+    let orders = order_service::orders_arg("kafka", ABOUT, AFTER_HELP, Some(5));
+    let db = order_service::connect("kafka").await?;
 
     // A real cluster from the environment, or librdkafka's mock cluster in-process.
     // Kept alive until the end: the relay and the consumer talk to it.
@@ -66,8 +69,8 @@ async fn run() -> Result<(), Error> {
     consumer.subscribe(&[TOPIC])?;
     eprintln!("kafka: publishing to {brokers}, topic {TOPIC}");
 
-    let outbox = Outbox::new(tables.clone());
-    let store = PgStore::new(pool.clone(), tables);
+    let outbox = Outbox::new(db.tables.clone());
+    let store = PgStore::new(db.pool.clone(), db.tables.clone());
     let relay = Relay::new(store, publisher).with_config(order_service::relay_config());
     let inbox = Inbox::new(&outbox, "billing_kafka")?;
 
@@ -76,8 +79,15 @@ async fn run() -> Result<(), Error> {
     let processed = order_service::run_service(
         &stop,
         relay.run(stop.clone().cancelled_owned()),
-        order_service::produce("kafka", &pool, &outbox, orders, Some(&pending), &stop),
-        consume(&consumer, &pool, &inbox, orders.is_some(), &pending, &stop),
+        order_service::produce("kafka", &db, &outbox, orders, Some(&pending), &stop),
+        consume(
+            &consumer,
+            &db.pool,
+            &inbox,
+            orders.is_some(),
+            &pending,
+            &stop,
+        ),
     )
     .await?;
     relay.publisher().flush(Duration::from_secs(5)).await?;
@@ -85,7 +95,7 @@ async fn run() -> Result<(), Error> {
         "kafka: published {} events, processed {processed}, bye",
         relay.stats().snapshot().published
     );
-    pool.close().await;
+    db.pool.close().await;
     // Clients first, then the mock cluster they talk to.
     drop(consumer);
     drop(relay);

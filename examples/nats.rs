@@ -26,6 +26,9 @@ use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
 
 const STREAM: &str = "OUTBOX_ORDERS";
 
+const ABOUT: &str = "Order service on NATS JetStream: orders and their events commit in one transaction, a relay publishes them to JetStream, a consumer processes each once.";
+const AFTER_HELP: &str = "Without arguments it runs until Ctrl-C. NATS: OUTBOX_NATS_URL (default nats://127.0.0.1:4222) and the other OUTBOX_NATS_* variables; the stream OUTBOX_ORDERS.";
+
 #[tokio::main]
 async fn main() {
     order_service::init_tracing("info,sqlx=warn,async_nats=warn");
@@ -33,12 +36,12 @@ async fn main() {
 }
 
 async fn run() -> Result<(), Error> {
-    let orders = order_service::orders_arg(None)?;
-    let (pool, tables) = order_service::connect().await?;
+    let orders = order_service::orders_arg("nats", ABOUT, AFTER_HELP, None);
+    let db = order_service::connect("nats").await?;
 
     // The publisher and its stream (idempotent), then a durable consumer on it.
     let config = NatsConfig::from_env()?;
-    let nats_url = config.url.clone();
+    let nats_url = pgoutbox::redact_url(&config.url);
     let publisher = config
         .connect()
         .await
@@ -49,8 +52,8 @@ async fn run() -> Result<(), Error> {
     let consumer = EventConsumer::durable(publisher.jetstream(), STREAM, "billing", "").await?;
     eprintln!("nats: publishing to {nats_url}, stream {STREAM}");
 
-    let outbox = Outbox::new(tables.clone());
-    let store = PgStore::new(pool.clone(), tables);
+    let outbox = Outbox::new(db.tables.clone());
+    let store = PgStore::new(db.pool.clone(), db.tables.clone());
     let relay = Relay::new(store, publisher).with_config(order_service::relay_config());
     let inbox = Inbox::new(&outbox, "billing")?;
 
@@ -59,15 +62,22 @@ async fn run() -> Result<(), Error> {
     let processed = order_service::run_service(
         &stop,
         relay.run(stop.clone().cancelled_owned()),
-        order_service::produce("nats", &pool, &outbox, orders, Some(&pending), &stop),
-        consume(consumer, &pool, &inbox, orders.is_some(), &pending, &stop),
+        order_service::produce("nats", &db, &outbox, orders, Some(&pending), &stop),
+        consume(
+            consumer,
+            &db.pool,
+            &inbox,
+            orders.is_some(),
+            &pending,
+            &stop,
+        ),
     )
     .await?;
     eprintln!(
         "nats: published {} events, processed {processed}, bye",
         relay.stats().snapshot().published
     );
-    pool.close().await;
+    db.pool.close().await;
     Ok(())
 }
 

@@ -1,9 +1,9 @@
 //! Quickstart: an order service using the outbox with PostgreSQL alone.
 //!
-//! Creates an `orders` table and the outbox, then creates orders: each order row
-//! and its `order.created` event are written in one transaction. A relay running
-//! in the same process publishes the events with the stdout publisher (one JSON
-//! line per event). Ctrl-C stops it cleanly; `--orders N` creates N orders and
+//! Creates the schema `example_quickstart` with an `orders` table and the outbox,
+//! then creates orders: each order row and its `order.created` event are written in
+//! one transaction. A relay running in the same process publishes the events with
+//! the stdout publisher (one JSON line per event). Ctrl-C stops it cleanly; `--orders N` creates N orders and
 //! exits once all are published.
 //!
 //! ```text
@@ -17,10 +17,12 @@ use std::time::Duration;
 
 use pgoutbox::postgres::{Outbox, PgStore};
 use pgoutbox::{Relay, StdoutPublisher, Store};
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use order_service::Error;
+use order_service::{Database, Error};
+
+const ABOUT: &str = "An order service using the outbox with PostgreSQL alone: each order and its event commit in one transaction; a relay prints the events (one JSON line each).";
+const AFTER_HELP: &str = "Without arguments it creates an order every second until Ctrl-C.";
 
 #[tokio::main]
 async fn main() {
@@ -29,18 +31,18 @@ async fn main() {
 }
 
 async fn run() -> Result<(), Error> {
-    let orders = order_service::orders_arg(None)?;
+    let orders = order_service::orders_arg("quickstart", ABOUT, AFTER_HELP, None);
 
     // 1. Schema: the outbox (idempotent) and the business table.
-    let (pool, tables) = order_service::connect().await?;
+    let db = order_service::connect("quickstart").await?;
 
     // 2. The relay, publishing to stdout, until Ctrl-C (or until the demo is done).
-    let store = PgStore::new(pool.clone(), tables.clone());
+    let store = PgStore::new(db.pool.clone(), db.tables.clone());
     let relay =
         Relay::new(store.clone(), StdoutPublisher).with_config(order_service::relay_config());
     let stop = order_service::stop_on_ctrl_c("quickstart");
     let producer = async {
-        let result = produce(&pool, &Outbox::new(tables), &store, orders, &stop).await;
+        let result = produce(&db, &store, orders, &stop).await;
         // The demo is done (or failed): stop the relay too.
         stop.cancel();
         result
@@ -49,7 +51,7 @@ async fn run() -> Result<(), Error> {
     produced?;
     let stats = relay.stats().snapshot();
     eprintln!("quickstart: published {} events, bye", stats.published);
-    pool.close().await;
+    db.pool.close().await;
     Ok(())
 }
 
@@ -57,13 +59,13 @@ async fn run() -> Result<(), Error> {
 /// With a count, create that many and wait until they are all published; without,
 /// one every second until `stop` is cancelled (Ctrl-C).
 async fn produce(
-    pool: &PgPool,
-    outbox: &Outbox,
+    db: &Database,
     store: &PgStore,
     count: Option<u32>,
     stop: &CancellationToken,
 ) -> Result<(), Error> {
-    order_service::produce("quickstart", pool, outbox, count, None, stop).await?;
+    let outbox = Outbox::new(db.tables.clone());
+    order_service::produce("quickstart", db, &outbox, count, None, stop).await?;
     if stop.is_cancelled() {
         return Ok(());
     }

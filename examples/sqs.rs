@@ -30,6 +30,9 @@ use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
 
 const DEFAULT_QUEUE: &str = "outbox-orders.fifo";
 
+const ABOUT: &str = "Order service on Amazon SQS: orders and their events commit in one transaction, a relay publishes them to a FIFO queue, a consumer processes each once.";
+const AFTER_HELP: &str = "Without arguments it creates 5 orders. SQS: the OUTBOX_SQS_* variables; OUTBOX_SQS_ENDPOINT points at moto (scripts/moto.sh sets it); the queue OUTBOX_SQS_QUEUE (default outbox-orders.fifo) is created when missing.";
+
 #[tokio::main]
 async fn main() {
     order_service::init_tracing("info,sqlx=warn,aws_config=warn");
@@ -37,8 +40,8 @@ async fn main() {
 }
 
 async fn run() -> Result<(), Error> {
-    let orders = order_service::orders_arg(Some(5))?;
-    let (pool, tables) = order_service::connect().await?;
+    let orders = order_service::orders_arg("sqs", ABOUT, AFTER_HELP, Some(5));
+    let db = order_service::connect("sqs").await?;
 
     let queue = std::env::var(ENV_QUEUE)
         .ok()
@@ -75,8 +78,8 @@ async fn run() -> Result<(), Error> {
         .to_string();
     eprintln!("sqs: publishing to {queue_url} ({where_})");
 
-    let outbox = Outbox::new(tables.clone());
-    let store = PgStore::new(pool.clone(), tables);
+    let outbox = Outbox::new(db.tables.clone());
+    let store = PgStore::new(db.pool.clone(), db.tables.clone());
     let relay = Relay::new(store, publisher).with_config(order_service::relay_config());
     let inbox = Inbox::new(&outbox, "billing_sqs")?;
 
@@ -85,11 +88,11 @@ async fn run() -> Result<(), Error> {
     let processed = order_service::run_service(
         &stop,
         relay.run(stop.clone().cancelled_owned()),
-        order_service::produce("sqs", &pool, &outbox, orders, Some(&pending), &stop),
+        order_service::produce("sqs", &db, &outbox, orders, Some(&pending), &stop),
         consume(
             &client,
             &queue_url,
-            &pool,
+            &db.pool,
             &inbox,
             orders.is_some(),
             &pending,
@@ -101,7 +104,7 @@ async fn run() -> Result<(), Error> {
         "sqs: published {} events, processed {processed}, bye",
         relay.stats().snapshot().published
     );
-    pool.close().await;
+    db.pool.close().await;
     Ok(())
 }
 

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use pgoutbox::postgres::{migrate, Inbox, Outbox, PgStore, Processed, Tables};
-use pgoutbox::{NewEvent, RelayConfig, TypedEvent};
+use pgoutbox::{redact_url, NewEvent, RelayConfig, TypedEvent};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -74,42 +74,73 @@ pub(crate) fn exit_on_error(name: &str, result: Result<(), Error>) {
     }
 }
 
-/// The number of orders to create: `--orders N`; none (until Ctrl-C) with
-/// `--forever`; otherwise `default`.
-pub(crate) fn orders_arg(default: Option<u32>) -> Result<Option<u32>, Error> {
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--forever") {
-        return Ok(None);
-    }
-    match args.iter().skip_while(|a| *a != "--orders").nth(1) {
-        Some(n) => {
-            Ok(Some(n.parse().map_err(|_| {
-                format!("--orders expects a number, got {n:?}")
-            })?))
-        }
-        None => Ok(default),
+/// The command line of every example.
+#[derive(clap::Parser)]
+struct Args {
+    /// Create N orders, wait until their events are published (and consumed), then exit.
+    #[arg(long, value_name = "N", conflicts_with = "forever")]
+    orders: Option<u32>,
+    /// Create an order every second until Ctrl-C (the default unless stated below).
+    #[arg(long)]
+    forever: bool,
+}
+
+/// Parse the command line of the example `name` (`about` and `after_help` are its
+/// `--help` text): the number of orders to create, `--orders N`; none (one a second
+/// until Ctrl-C) with `--forever`; otherwise `default`. Exits with the usage on
+/// `--help` or a bad argument.
+pub(crate) fn orders_arg(
+    name: &'static str,
+    about: &'static str,
+    after_help: &'static str,
+    default: Option<u32>,
+) -> Option<u32> {
+    use clap::{CommandFactory, FromArgMatches};
+    let command = Args::command().name(name).about(about).after_help(format!(
+        "{after_help}\n\nDATABASE_URL defaults to {DEFAULT_DATABASE_URL}; the example keeps \
+             its outbox and its `orders` table in the schema `example_{name}`."
+    ));
+    let args = Args::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
+    if args.forever {
+        None
+    } else {
+        args.orders.or(default)
     }
 }
 
+/// The service's database: the pool, the outbox's tables and the `orders` table, all
+/// in the example's own schema (so that examples never see each other's events).
+pub(crate) struct Database {
+    pub(crate) pool: PgPool,
+    pub(crate) tables: Tables,
+    orders: String,
+}
+
 /// Connect to `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`), then
-/// create the outbox (idempotent) and the business table `orders`.
-pub(crate) async fn connect() -> Result<(PgPool, Tables), Error> {
+/// create the schema `example_<name>` with the outbox (idempotent) and the business
+/// table `orders` in it.
+pub(crate) async fn connect(name: &str) -> Result<Database, Error> {
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string());
     let pool = PgStore::connect(&url, 4, Duration::from_secs(60))
         .await
-        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
-    let tables = Tables::default();
+        .map_err(|e| format!("cannot connect to {}: {e}", redact_url(&url)))?;
+    let tables = Tables::in_schema(&format!("example_{name}"))?;
     migrate(&pool, &tables).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS orders (
+    let orders = format!("{}.orders", tables.schema().quoted());
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {orders} (
             id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
             customer text NOT NULL,
             total_cents bigint NOT NULL,
-            created_at timestamptz NOT NULL DEFAULT now())",
-    )
+            created_at timestamptz NOT NULL DEFAULT now())"
+    ))
     .execute(&pool)
     .await?;
-    Ok((pool, tables))
+    Ok(Database {
+        pool,
+        tables,
+        orders,
+    })
 }
 
 /// The relay settings of the examples: poll often, so that the demo is quick.
@@ -171,7 +202,7 @@ impl Pending {
 /// recorded there before its commit (the consumer may see the event right after it).
 pub(crate) async fn produce(
     name: &str,
-    pool: &PgPool,
+    db: &Database,
     outbox: &Outbox,
     count: Option<u32>,
     pending: Option<&Pending>,
@@ -182,10 +213,11 @@ pub(crate) async fn produce(
     while !stop.is_cancelled() && count.is_none_or(|c| n < c) {
         let customer = customers[n as usize % customers.len()];
         let total_cents = 1_000 + i64::from(n) * 250;
-        let mut tx = pool.begin().await?;
-        let order_id: i64 = sqlx::query_scalar(
-            "INSERT INTO orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
-        )
+        let mut tx = db.pool.begin().await?;
+        let order_id: i64 = sqlx::query_scalar(&format!(
+            "INSERT INTO {} (customer, total_cents) VALUES ($1, $2) RETURNING id",
+            db.orders
+        ))
         .bind(customer)
         .bind(total_cents)
         .fetch_one(&mut *tx)

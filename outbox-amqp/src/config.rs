@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lapin::uri::AMQPUri;
+use pgoutbox_core::redact_url;
 
 use crate::error::{Error, Result};
 use crate::publisher::AmqpPublisher;
@@ -45,25 +46,13 @@ pub struct AmqpConfig {
 impl std::fmt::Debug for AmqpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpConfig")
-            .field("url", &redact(&self.url))
+            .field("url", &redact_url(&self.url))
             .field("routing", &self.routing)
             .field("timeout", &self.timeout)
             .field("connection_name", &self.connection_name)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls_ca_file", &self.tls_ca_file)
             .finish()
-    }
-}
-
-/// The URL without its password, for messages and logs.
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
     }
 }
 
@@ -182,7 +171,7 @@ impl AmqpConfig {
     /// Check every setting.
     pub fn validate(&self) -> Result<()> {
         AMQPUri::from_str(&self.url)
-            .map_err(|e| Error::config("url", format!("`{}`: {e}", redact(&self.url))))?;
+            .map_err(|e| Error::config("url", format!("`{}`: {e}", redact_url(&self.url))))?;
         if self.timeout.is_zero() {
             return Err(Error::config("timeout", "must be greater than zero"));
         }

@@ -11,10 +11,10 @@ use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-use pgoutbox_core::{Event, Outcome, PublishError, Publisher};
+use pgoutbox_core::{redact_url, Event, Outcome, PublishError, Publisher};
 use tokio::sync::Mutex;
 
-use crate::config::{redact, AmqpConfig};
+use crate::config::AmqpConfig;
 use crate::error::{Error, Result};
 use crate::routing::{AmqpRouting, MAX_SHORT_STRING};
 
@@ -76,11 +76,11 @@ impl AmqpPublisher {
             if link.connection.status().connected() && link.channel.status().connected() {
                 return Ok(link.channel.clone());
             }
-            tracing::warn!(url = %redact(&config.url), "AMQP connection or channel lost; reconnecting");
+            tracing::warn!(url = %redact_url(&config.url), "AMQP connection or channel lost; reconnecting");
         }
         *state = None;
         let connect_error = |reason: String| Error::Connect {
-            url: redact(&config.url),
+            url: redact_url(&config.url),
             reason,
         };
         let open = async {

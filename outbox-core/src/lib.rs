@@ -32,7 +32,7 @@ pub use publisher::{DynPublisher, FailureKind, Outcome, PublishError, Publisher}
 pub use relay::{BatchReport, Relay, RelayConfig, RelayStats, RelayStatsSnapshot};
 pub use retry::RetryPolicy;
 pub use routing::Routing;
-pub use secret::{read_secret_file, SecretFileError};
+pub use secret::{read_secret_file, redact_url, SecretFileError};
 pub use store::{Claim, Decision, Store, StoreError};
 /// The `uuid` crate of [`Event::id`] and [`NewEvent::with_id`], so users name the same version.
 pub use uuid;

@@ -39,6 +39,30 @@ pub fn read_secret_file(path: &Path) -> Result<String, SecretFileError> {
     Ok(secret.to_string())
 }
 
+/// `url` without its password, for messages and logs: `scheme://user:***@host/...`.
+/// A comma-separated list of URLs (as NATS accepts) is redacted item by item; a URL
+/// without a password is returned unchanged.
+pub fn redact_url(url: &str) -> String {
+    url.split(',')
+        .map(|one| {
+            let Some(scheme) = one.find("://") else {
+                return one.to_string();
+            };
+            let rest = &one[scheme + 3..];
+            // The userinfo ends at the last `@` before the path.
+            let authority = rest.split('/').next().unwrap_or_default();
+            match authority.rfind('@') {
+                Some(at) if authority[..at].contains(':') => {
+                    let user = authority[..at].split(':').next().unwrap_or_default();
+                    format!("{}{user}:***{}", &one[..scheme + 3], &rest[at..])
+                }
+                _ => one.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,5 +80,25 @@ mod tests {
         let missing = read_secret_file(&dir.join("missing")).expect_err("missing");
         assert!(missing.to_string().contains("cannot read it"), "{missing}");
         std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn passwords_are_redacted_from_urls_and_url_lists() {
+        assert_eq!(
+            redact_url("amqps://app:s3cr@t@mq.example:5671/%2f"),
+            "amqps://app:***@mq.example:5671/%2f"
+        );
+        assert_eq!(
+            redact_url("nats://a:pw1@n1:4222,nats://n2:4222,tls://b:pw2@n3"),
+            "nats://a:***@n1:4222,nats://n2:4222,tls://b:***@n3"
+        );
+        assert_eq!(
+            redact_url("postgres://app@db/orders?sslmode=require"),
+            "postgres://app@db/orders?sslmode=require"
+        );
+        assert_eq!(redact_url("nats://token@host"), "nats://token@host");
+        assert_eq!(redact_url("127.0.0.1:4222"), "127.0.0.1:4222");
+        // An `@` in the path is not userinfo.
+        assert_eq!(redact_url("http://h/a:b@c"), "http://h/a:b@c");
     }
 }

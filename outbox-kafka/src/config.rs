@@ -33,7 +33,10 @@ pub const ENV_RDKAFKA_PREFIX: &str = "OUTBOX_KAFKA_RDKAFKA_";
 /// The producer is always idempotent with `acks=all` unless overridden with
 /// [`KafkaConfig::set`], so retries inside librdkafka neither duplicate nor reorder
 /// messages of one partition.
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output shows librdkafka settings whose name holds `password` or
+/// `secret` as `<redacted>`.
+#[derive(Clone)]
 #[must_use]
 pub struct KafkaConfig {
     pub(crate) brokers: String,
@@ -41,6 +44,29 @@ pub struct KafkaConfig {
     pub(crate) delivery_timeout: Duration,
     pub(crate) queue_timeout: Duration,
     pub(crate) client: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let client: BTreeMap<&str, &str> = self
+            .client
+            .iter()
+            .map(|(name, value)| {
+                let secret = name.contains("password") || name.contains("secret");
+                (
+                    name.as_str(),
+                    if secret { "<redacted>" } else { value.as_str() },
+                )
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("routing", &self.routing)
+            .field("delivery_timeout", &self.delivery_timeout)
+            .field("queue_timeout", &self.queue_timeout)
+            .field("client", &client)
+            .finish()
+    }
 }
 
 impl KafkaConfig {
@@ -290,6 +316,21 @@ mod tests {
         assert_eq!(client.get("enable.idempotence"), Some("true"));
         assert_eq!(client.get("acks"), Some("all"));
         assert_eq!(client.get("message.timeout.ms"), Some("1500"));
+    }
+
+    #[test]
+    fn debug_output_hides_passwords_and_secrets() {
+        let config = KafkaConfig::new("a:9092")
+            .set("sasl.username", "app")
+            .set("sasl.password", "hunter2")
+            .set("sasl.oauthbearer.client.secret", "s3cret");
+        let shown = format!("{config:?}");
+        assert!(shown.contains("\"sasl.username\": \"app\""), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+        assert!(shown.contains("<redacted>"), "{shown}");
     }
 
     #[test]

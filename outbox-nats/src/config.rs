@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_nats::ServerAddr;
+use pgoutbox_core::redact_url;
 
 use crate::error::{Error, Result};
 use crate::publisher::NatsPublisher;
@@ -64,7 +65,7 @@ pub struct NatsConfig {
 impl std::fmt::Debug for NatsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsConfig")
-            .field("url", &self.url)
+            .field("url", &redact_url(&self.url))
             .field("routing", &self.routing)
             .field("timeout", &self.timeout)
             .field("max_in_flight", &self.max_in_flight)
@@ -276,7 +277,8 @@ impl NatsConfig {
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .map(|s| {
-                ServerAddr::from_str(s).map_err(|e| Error::config("url", format!("`{s}`: {e}")))
+                ServerAddr::from_str(s)
+                    .map_err(|e| Error::config("url", format!("`{}`: {e}", redact_url(s))))
             })
             .collect::<Result<Vec<_>>>()?;
         if servers.is_empty() {

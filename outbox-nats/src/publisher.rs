@@ -12,7 +12,7 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::response::Response;
 use async_nats::jetstream::{self, stream};
 use async_nats::{ConnectOptions, HeaderMap, HeaderName, HeaderValue};
-use pgoutbox_core::{Event, Outcome, PublishError, Publisher};
+use pgoutbox_core::{redact_url, Event, Outcome, PublishError, Publisher};
 use tokio::sync::Semaphore;
 
 use crate::config::NatsConfig;
@@ -48,6 +48,7 @@ struct Inner {
     timeout: Duration,
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
+    /// The server URL(s) without passwords, for messages.
     url: String,
     duplicates: AtomicU64,
 }
@@ -71,7 +72,7 @@ impl NatsPublisher {
             options = options.token(token.clone());
         }
         let connect_error = |reason: String| Error::Connect {
-            url: config.url.clone(),
+            url: redact_url(&config.url),
             reason,
         };
         if let Some(path) = &config.credentials_file {
@@ -115,7 +116,7 @@ impl NatsPublisher {
                 timeout: config.timeout,
                 in_flight: Arc::new(Semaphore::new(max_in_flight)),
                 max_in_flight,
-                url: config.url,
+                url: redact_url(&config.url),
                 duplicates: AtomicU64::new(0),
             }),
         }

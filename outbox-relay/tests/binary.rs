@@ -381,8 +381,9 @@ async fn purge_dry_run_deletes_nothing() {
     outbox.drop_schema().await.unwrap();
 }
 
-/// Runs `outbox <args>` expecting a failure with one line on stderr containing `needle`.
-fn fails_with(config: &Path, args: &[&str], env: &[(&str, &str)], needle: &str) {
+/// Runs `outbox <args>` expecting a failure with one line on stderr containing
+/// `needle`; returns that line.
+fn fails_with(config: &Path, args: &[&str], env: &[(&str, &str)], needle: &str) -> String {
     let mut cmd = command(config, args);
     for (k, v) in env {
         cmd.env(k, v);
@@ -405,6 +406,7 @@ fn fails_with(config: &Path, args: &[&str], env: &[(&str, &str)], needle: &str) 
         !stderr.contains("panicked") && !stderr.contains("Error {"),
         "{stderr}"
     );
+    stderr
 }
 
 #[test]
@@ -424,15 +426,17 @@ fn bad_configuration_is_one_clear_line() {
         "invalid events table name",
     );
 
+    // The URL's password is never printed.
     let unreachable = Config::new(
-        "[database]\nurl = \"postgres://postgres@127.0.0.1:1/test\"\nconnect_timeout = \"3s\"\n[http]\nlisten = \"0\"\n",
+        "[database]\nurl = \"postgres://postgres:pw-sentinel@127.0.0.1:1/test\"\nconnect_timeout = \"3s\"\n[http]\nlisten = \"0\"\n",
     );
-    fails_with(
+    let line = fails_with(
         &unreachable.path,
         &["relay"],
         &[],
         "cannot connect to the database at 127.0.0.1:1/test",
     );
+    assert!(!line.contains("pw-sentinel"), "{line}");
     fails_with(&unreachable.path, &["stats"], &[], "cannot connect");
 
     let fine = Config::for_schema("public", "0");

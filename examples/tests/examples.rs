@@ -1,0 +1,217 @@
+//! Every example binary run as a user runs it (`--orders 3`) against the real
+//! PostgreSQL and its real broker: it exits 0 once each order's event was published,
+//! and consumed through the adapter's consumer helper, which decodes the typed
+//! `OrderCreated`. Also: `--help`, bad arguments, and no password in any output.
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::process::{Command, Output};
+
+/// A password the tests put into URLs; no output may contain it.
+const SENTINEL: &str = "pw-sentinel-0xC0FFEE";
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// `DATABASE_URL` with a password: PostgreSQL here trusts local connections, so the
+/// password is accepted and ignored, and must never be printed.
+fn database_url_with_password() -> String {
+    database_url().replacen("://postgres@", &format!("://postgres:{SENTINEL}@"), 1)
+}
+
+/// What a test script exported; a missing one fails the test with how to get it.
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with scripts/test.sh, which exports it")
+    })
+}
+
+fn run(bin: &str, args: &[&str], vars: &[(&str, String)]) -> Output {
+    let mut command = Command::new(bin);
+    command
+        .args(args)
+        .env("DATABASE_URL", database_url_with_password());
+    for (name, value) in vars {
+        command.env(name, value);
+    }
+    command.output().expect("run the example")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The example ran to completion with `--orders 3`: exit 0, three orders created,
+/// the event of each consumed with its typed payload decoded, and no password printed.
+/// (A durable queue may also hold events of an earlier, interrupted run: extra
+/// lines are allowed, this run's events must all be there.)
+fn assert_demo(name: &str, out: &Output) {
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{name} failed ({}):\n{stderr}\n{stdout}",
+        out.status
+    );
+    // `<name>: created order <n> for <customer> (event <id>)`
+    let created: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}: created order ")))
+        .map(|l| {
+            l.rsplit("(event ")
+                .next()
+                .and_then(|id| id.strip_suffix(')'))
+                .unwrap_or_else(|| panic!("no event id in: {l}"))
+        })
+        .collect();
+    assert_eq!(created.len(), 3, "{name}: orders created:\n{stderr}");
+    // `billing: order.created event <id>[ (partition, offset)]: order <n> for
+    // <customer>: <total> cents`, printed from the decoded `OrderCreated`.
+    for id in created {
+        let line = format!("billing: order.created event {id}");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&line) && l.contains(": order ") && l.ends_with(" cents")),
+            "{name}: event {id} was not consumed and decoded:\n{stdout}"
+        );
+    }
+    assert!(
+        stderr.contains(&format!("{name}: published 3 events, processed ")),
+        "{stderr}"
+    );
+    assert!(
+        !stdout.contains(SENTINEL) && !stderr.contains(SENTINEL),
+        "{name} printed a password:\n{stderr}\n{stdout}"
+    );
+}
+
+#[test]
+fn quickstart_publishes_its_orders_and_exits() {
+    let out = run(env!("CARGO_BIN_EXE_quickstart"), &["--orders", "3"], &[]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    // The stdout publisher: one JSON line per event, the typed payload inside.
+    let events: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(events.len(), 3, "{stdout}");
+    for event in &events {
+        assert_eq!(event["event_type"], "order.created", "{event}");
+        assert!(event["payload"]["total_cents"].is_i64(), "{event}");
+    }
+    assert!(
+        stderr.contains("quickstart: published 3 events"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains(SENTINEL) && !stderr.contains(SENTINEL));
+}
+
+#[test]
+fn help_describes_every_example_and_bad_arguments_are_named() {
+    for bin in [
+        env!("CARGO_BIN_EXE_quickstart"),
+        env!("CARGO_BIN_EXE_nats"),
+        env!("CARGO_BIN_EXE_amqp"),
+        env!("CARGO_BIN_EXE_kafka"),
+        env!("CARGO_BIN_EXE_sqs"),
+    ] {
+        let help = run(bin, &["--help"], &[]);
+        let stdout = text(&help.stdout);
+        assert!(
+            help.status.success(),
+            "{bin} --help: {}",
+            text(&help.stderr)
+        );
+        assert!(stdout.contains("--orders <N>"), "{bin}: {stdout}");
+        assert!(stdout.contains("--forever"), "{bin}: {stdout}");
+        assert!(stdout.contains("schema `example_"), "{bin}: {stdout}");
+
+        let bad = run(bin, &["--orders", "many"], &[]);
+        let stderr = text(&bad.stderr);
+        assert!(!bad.status.success(), "{bin} accepted `--orders many`");
+        assert!(
+            stderr.contains("invalid value 'many' for '--orders <N>'"),
+            "{bin}: {stderr}"
+        );
+    }
+}
+
+/// An unreachable database is one line naming where, without the password.
+#[test]
+fn an_unreachable_database_is_named_without_its_password() {
+    let out = run(
+        env!("CARGO_BIN_EXE_quickstart"),
+        &["--orders", "1"],
+        &[(
+            "DATABASE_URL",
+            format!("postgres://postgres:{SENTINEL}@127.0.0.1:1/test"),
+        )],
+    );
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("quickstart: cannot connect to postgres://postgres:***@127.0.0.1:1/test"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(SENTINEL), "{stderr}");
+}
+
+#[test]
+fn nats_example_consumes_its_typed_events() {
+    let url = env("OUTBOX_NATS_URL").replacen("nats://", &format!("nats://app:{SENTINEL}@"), 1);
+    let out = run(
+        env!("CARGO_BIN_EXE_nats"),
+        &["--orders", "3"],
+        &[("OUTBOX_NATS_URL", url)],
+    );
+    assert_demo("nats", &out);
+    assert!(
+        text(&out.stderr).contains("nats: publishing to nats://app:***@"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn amqp_example_consumes_its_typed_events() {
+    let out = run(
+        env!("CARGO_BIN_EXE_amqp"),
+        &["--orders", "3"],
+        &[("OUTBOX_AMQP_URL", env("OUTBOX_AMQP_URL"))],
+    );
+    assert_demo("amqp", &out);
+}
+
+/// On librdkafka's mock cluster (no `OUTBOX_KAFKA_BROKERS`, as the README runs it),
+/// then on tansu: one after the other, as both use the schema `example_kafka`.
+#[test]
+fn kafka_example_consumes_its_typed_events_on_the_mock_cluster_and_on_tansu() {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kafka"));
+    command
+        .args(["--orders", "3"])
+        .env("DATABASE_URL", database_url_with_password())
+        .env_remove("OUTBOX_KAFKA_BROKERS");
+    assert_demo("kafka", &command.output().unwrap());
+
+    let out = run(
+        env!("CARGO_BIN_EXE_kafka"),
+        &["--orders", "3"],
+        &[("OUTBOX_KAFKA_BROKERS", env("OUTBOX_TANSU_BROKERS"))],
+    );
+    assert_demo("kafka", &out);
+}
+
+#[test]
+fn sqs_example_consumes_its_typed_events() {
+    let out = run(
+        env!("CARGO_BIN_EXE_sqs"),
+        &["--orders", "3"],
+        &[
+            ("OUTBOX_SQS_ENDPOINT", env("OUTBOX_SQS_ENDPOINT")),
+            ("OUTBOX_SQS_QUEUE", "example-orders.fifo".to_string()),
+        ],
+    );
+    assert_demo("sqs", &out);
+}

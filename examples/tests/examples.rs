@@ -215,3 +215,145 @@ fn sqs_example_consumes_its_typed_events() {
     );
     assert_demo("sqs", &out);
 }
+
+/// The `outbox` command line built with a broker of the example's own
+/// (`custom_broker`, a JSON-lines file): `migrate`, then `relay` publishes every
+/// event to the file and stops cleanly on SIGTERM; `stats` runs on the same config;
+/// a misspelt broker section or key is a one-line config error.
+#[cfg(feature = "custom-broker")]
+#[tokio::test(flavor = "multi_thread")]
+async fn custom_broker_example_runs_the_outbox_binary_with_its_own_publisher() {
+    use pgoutbox::postgres::{Outbox, Tables};
+    use pgoutbox::NewEvent;
+    use std::time::{Duration, Instant};
+
+    let bin = env!("CARGO_BIN_EXE_custom_broker");
+    let dir = tempfile::tempdir().unwrap();
+    let events_file = dir.path().join("events.jsonl");
+    let schema = format!(
+        "example_custom_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let write_config = |broker: &str| {
+        let path = dir.path().join("outbox.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[database]\nurl = \"{}\"\n[tables]\nschema = \"{schema}\"\n\
+                 [relay]\npoll_interval = \"50ms\"\n[http]\nlisten = \"0\"\n{broker}",
+                database_url_with_password()
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let good = format!(
+        "[broker]\nkind = \"jsonl-file\"\n[broker.jsonl-file]\npath = \"{}\"\n",
+        events_file.display()
+    );
+    let config = write_config(&good);
+    let outbox_cmd = |args: &[&str]| {
+        let mut command = Command::new(bin);
+        command.arg("--config").arg(&config).args(args);
+        command
+    };
+    let migrated = outbox_cmd(&["migrate"]).output().unwrap();
+    assert!(migrated.status.success(), "{}", text(&migrated.stderr));
+
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    let outbox = Outbox::new(Tables::in_schema(&schema).unwrap());
+    let events: Vec<NewEvent> = (0..40)
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("{}", i % 4),
+                "order.created",
+                &serde_json::json!({ "n": i }),
+            )
+        })
+        .collect();
+    let mut tx = pool.begin().await.unwrap();
+    let ids = outbox.enqueue_many(&mut tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let relay = outbox_cmd(&["relay"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let published = loop {
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&events_file)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let seen: std::collections::HashSet<String> = lines
+            .iter()
+            .map(|l| l["id"].as_str().unwrap().to_string())
+            .collect();
+        if ids.iter().all(|id| seen.contains(&id.to_string())) {
+            break lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every event reached the file within 60 s: {} of {}",
+            seen.len(),
+            ids.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Per-aggregate order holds in the file.
+    for aggregate in ["0", "1", "2", "3"] {
+        let ns: Vec<i64> = published
+            .iter()
+            .filter(|l| l["aggregate_id"] == aggregate)
+            .map(|l| l["payload"]["n"].as_i64().unwrap())
+            .collect();
+        assert!(ns.windows(2).all(|w| w[0] < w[1]), "{aggregate}: {ns:?}");
+    }
+    let terminated = Command::new("kill")
+        .args(["-TERM", &relay.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(terminated.success());
+    let stopped = relay.wait_with_output().unwrap();
+    let stderr = text(&stopped.stderr);
+    assert!(stopped.status.success(), "{stderr}");
+    assert!(stderr.contains("broker=jsonl-file"), "{stderr}");
+    assert!(!stderr.contains(SENTINEL), "{stderr}");
+
+    let stats = outbox_cmd(&["stats", "--json"]).output().unwrap();
+    assert!(stats.status.success(), "{}", text(&stats.stderr));
+    assert!(
+        text(&stats.stdout).contains("\"pending\":0"),
+        "{}",
+        text(&stats.stdout)
+    );
+
+    for (broker, needle) in [
+        (
+            good.replace("[broker.jsonl-file]", "[broker.jsonl-fil]"),
+            "unknown broker section [broker.jsonl-fil] (brokers of this binary: stdout, jsonl-file)",
+        ),
+        (
+            good.replace("path =", "pat ="),
+            "broker jsonl-file: [broker.jsonl-file]: unknown field `pat`",
+        ),
+        (
+            "[broker]\nkind = \"jsonl\"\n".to_string(),
+            "unknown broker `jsonl` (broker.kind or OUTBOX_BROKER): expected one of stdout, nats, amqp, kafka, sqs, jsonl-file",
+        ),
+    ] {
+        write_config(&broker);
+        let out = outbox_cmd(&["relay"]).output().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(needle), "`{needle}` not in: {stderr}");
+    }
+
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}

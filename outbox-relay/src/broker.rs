@@ -4,9 +4,12 @@
 //! `[broker.<kind>]` section are the defaults of those variables, so the environment
 //! wins over the file as everywhere else. Routing rules come from `[routing]`.
 
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use pgoutbox_core::{DynPublisher, StdoutPublisher};
+use pgoutbox_core::{DynPublisher, Publisher, StdoutPublisher};
 
 use crate::config::{BrokerSection, RoutingSection, Settings};
 use crate::failure::Failure;
@@ -14,9 +17,91 @@ use crate::failure::Failure;
 /// Every broker name, compiled in or not.
 const KNOWN: &[&str] = &["stdout", "nats", "amqp", "kafka", "sqs"];
 
+/// An error a [`BrokerFactory`] returns: anything, shown in the binary's one-line message.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What [`BrokerFactory::build`] returns.
+pub type BuildFuture =
+    Pin<Box<dyn Future<Output = Result<Arc<dyn DynPublisher>, BoxError>> + Send>>;
+
+/// Builds the publisher of a broker added to the binary with
+/// [`App::broker`](crate::App::broker), from its `[broker.<kind>]` section.
+///
+/// Implemented by every `Fn(toml::Table) -> impl Future<Output = Result<P, BoxError>>`
+/// where `P` is a [`Publisher`], so a closure or an `async fn` is a factory.
+pub trait BrokerFactory: Send + Sync {
+    /// Build the publisher. `section` is the `[broker.<kind>]` table of the
+    /// configuration file (empty when the file has none); deserialise it with
+    /// `section.try_into::<YourConfig>()`. Connect lazily if you can: the relay
+    /// should start while its broker is down (`/readyz` tells when it is reachable).
+    fn build(&self, section: toml::Table) -> BuildFuture;
+}
+
+impl<F, Fut, P> BrokerFactory for F
+where
+    F: Fn(toml::Table) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<P, BoxError>> + Send + 'static,
+    P: Publisher + 'static,
+{
+    fn build(&self, section: toml::Table) -> BuildFuture {
+        let publisher = self(section);
+        Box::pin(async move {
+            let publisher: Arc<dyn DynPublisher> = Arc::new(publisher.await?);
+            Ok(publisher)
+        })
+    }
+}
+
+/// Brokers added by a program built on the library, by kind.
+pub(crate) type CustomBrokers = BTreeMap<String, Arc<dyn BrokerFactory>>;
+
+/// Whether `kind` is the name of a built-in broker (compiled in or not).
+pub(crate) fn is_built_in(kind: &str) -> bool {
+    KNOWN.contains(&kind)
+}
+
+/// Every key of `[broker]` the file has besides the built-in ones must be the
+/// section of a custom broker: a misspelt key or section is an error.
+pub(crate) fn check_sections(settings: &Settings, custom: &CustomBrokers) -> Result<(), Failure> {
+    for (key, value) in &settings.broker.custom {
+        match (custom.contains_key(key), value.is_table()) {
+            (true, true) => {}
+            (true, false) => {
+                return Err(Failure::config(format!(
+                    "broker.{key} must be a section ([broker.{key}])"
+                )))
+            }
+            (false, true) => {
+                return Err(Failure::config(format!(
+                    "unknown broker section [broker.{key}] (brokers of this binary: {})",
+                    names(custom).join(", ")
+                )))
+            }
+            (false, false) => {
+                return Err(Failure::config(format!(
+                    "unknown key broker.{key} (expected kind or a [broker.<kind>] section)"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The broker names of this binary: built in and compiled, then custom ones.
+fn names(custom: &CustomBrokers) -> Vec<&str> {
+    let mut names = compiled();
+    names.extend(custom.keys().map(String::as_str));
+    names
+}
+
 /// A broker configuration read and checked, not connected yet.
 pub(crate) enum Spec {
     Stdout,
+    Custom {
+        kind: String,
+        section: toml::Table,
+        factory: Arc<dyn BrokerFactory>,
+    },
     #[cfg(feature = "nats")]
     Nats(pgoutbox_nats::NatsConfig, Option<String>),
     #[cfg(feature = "amqp")]
@@ -53,12 +138,32 @@ pub(crate) fn compiled() -> Vec<&'static str> {
 impl Spec {
     /// Read the broker's configuration. Call before any thread is started: the file's
     /// `[broker.<kind>]` keys become defaults of the adapter's environment variables.
-    pub(crate) fn read(settings: &Settings) -> Result<Self, Failure> {
+    pub(crate) fn read(settings: &Settings, custom: &CustomBrokers) -> Result<Self, Failure> {
         let kind = settings.broker.kind.trim();
+        if let Some(factory) = custom.get(kind) {
+            if !settings.routing.event_type.is_empty()
+                || !settings.routing.aggregate_type.is_empty()
+            {
+                tracing::warn!(
+                    "broker {kind}: [routing] rules are for the built-in brokers; ignored"
+                );
+            }
+            let section = match settings.broker.custom.get(kind) {
+                Some(toml::Value::Table(table)) => table.clone(),
+                _ => toml::Table::new(),
+            };
+            return Ok(Self::Custom {
+                kind: kind.to_string(),
+                section,
+                factory: Arc::clone(factory),
+            });
+        }
         if !KNOWN.contains(&kind) {
+            let mut expected = KNOWN.to_vec();
+            expected.extend(custom.keys().map(String::as_str));
             return Err(Failure::config(format!(
                 "unknown broker `{kind}` (broker.kind or OUTBOX_BROKER): expected one of {}",
-                KNOWN.join(", ")
+                expected.join(", ")
             )));
         }
         if !compiled().contains(&kind) {
@@ -72,9 +177,10 @@ impl Spec {
     }
 
     /// The broker's name, for logs.
-    pub(crate) fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &str {
         match self {
             Self::Stdout => "stdout",
+            Self::Custom { kind, .. } => kind,
             #[cfg(feature = "nats")]
             Self::Nats(..) => "nats",
             #[cfg(feature = "amqp")]
@@ -91,6 +197,14 @@ impl Spec {
     pub(crate) async fn build(self) -> Result<BrokerPublisher, Failure> {
         Ok(match self {
             Self::Stdout => Arc::new(StdoutPublisher),
+            Self::Custom {
+                kind,
+                section,
+                factory,
+            } => factory
+                .build(section)
+                .await
+                .map_err(|e| Failure::config(format!("broker {kind}: {e}")))?,
             #[cfg(feature = "nats")]
             Self::Nats(config, stream) => {
                 let publisher = config.build().await.map_err(invalid)?;

@@ -250,14 +250,21 @@ impl Default for HttpSection {
     }
 }
 
+/// `[broker]`: the kind, and a section per broker.
+///
+/// Not `deny_unknown_fields`: a program built on the library adds brokers of its own
+/// (`App::broker`), whose `[broker.<kind>]` sections land in `custom`;
+/// `broker::check_sections` refuses every other key, so a misspelt one is still an error.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub(crate) struct BrokerSection {
     pub(crate) kind: String,
     pub(crate) nats: NatsSection,
     pub(crate) amqp: AmqpSection,
     pub(crate) kafka: KafkaSection,
     pub(crate) sqs: SqsSection,
+    #[serde(flatten)]
+    pub(crate) custom: BTreeMap<String, toml::Value>,
 }
 
 impl Default for BrokerSection {
@@ -268,6 +275,7 @@ impl Default for BrokerSection {
             amqp: AmqpSection::default(),
             kafka: KafkaSection::default(),
             sqs: SqsSection::default(),
+            custom: BTreeMap::new(),
         }
     }
 }

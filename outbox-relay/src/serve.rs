@@ -29,7 +29,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     let metrics = exporter::install(&outbox)?;
     let pool = db::connect(database, Role::Relay).await?;
     db::ensure_migrated(&pool, &settings.tables).await?;
-    let broker_name = broker.name();
+    let broker_name = broker.name().to_string();
     let publisher = broker.build().await?;
     let store = PgStore::new(pool.clone(), settings.tables.clone())
         .with_config(settings.store)
@@ -74,7 +74,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     }
 
     tracing::info!(
-        broker = broker_name,
+        broker = %broker_name,
         schema = %settings.tables.schema(),
         table = %settings.tables.events(),
         batch_size = settings.relay.batch_size,

@@ -11,7 +11,7 @@
 //! `DATABASE_URL` defaults to `postgres://postgres@127.0.0.1:5432/test`. Kafka settings
 //! come from `OUTBOX_KAFKA_BROKERS` and the other `OUTBOX_KAFKA_*` variables; without
 //! `OUTBOX_KAFKA_BROKERS` the example starts librdkafka's in-process mock cluster.
-//! Events go to the topic `outbox-orders`.
+//! Events go to the topic `outbox-orders`, created (3 partitions) when missing.
 
 #[path = "shared/order_service.rs"]
 mod order_service;
@@ -59,6 +59,12 @@ async fn run() -> Result<(), Error> {
         KafkaConfig::new(brokers)
     };
     let brokers = config.brokers().to_string();
+    if mock.is_none() {
+        // A cluster that does not create topics on first use would refuse every event.
+        config
+            .ensure_topic(TOPIC, 3, Duration::from_secs(30))
+            .await?;
+    }
     let publisher = config.route_aggregate_type("order", TOPIC).build()?;
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &brokers)

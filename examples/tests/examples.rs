@@ -334,7 +334,8 @@ async fn custom_broker_example_runs_the_outbox_binary_with_its_own_publisher() {
     for (broker, needle) in [
         (
             good.replace("[broker.jsonl-file]", "[broker.jsonl-fil]"),
-            "unknown broker section [broker.jsonl-fil] (brokers of this binary: stdout, jsonl-file)",
+            // The built-in brokers listed between depend on the features compiled.
+            "unknown broker section [broker.jsonl-fil] (brokers of this binary: stdout, ",
         ),
         (
             good.replace("path =", "pat ="),

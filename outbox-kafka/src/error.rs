@@ -52,6 +52,14 @@ pub enum Error {
         /// The header name.
         name: &'static str,
     },
+    /// A topic could not be created, or did not become usable in time.
+    #[error("kafka topic {topic}: {reason}")]
+    TopicNotCreated {
+        /// The topic.
+        topic: String,
+        /// What the broker said, or what did not happen in time.
+        reason: String,
+    },
     /// A received message has an outbox header that cannot be read.
     #[error("kafka message header {name} is invalid: {reason}")]
     InvalidHeader {

@@ -1,0 +1,78 @@
+//! Creating the topics the publisher writes to, for clusters that do not create
+//! topics on first use (`auto.create.topics.enable=false`, most managed Kafka, tansu).
+//! Without the topic, every event routed to it fails permanently and is dead-lettered.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::config::KafkaConfig;
+use crate::error::{Error, Result};
+
+/// Pause between two metadata reads while waiting for a new topic's partitions.
+const METADATA_POLL: Duration = Duration::from_millis(200);
+
+impl KafkaConfig {
+    /// Create `topic` with `partitions` partitions unless it exists (with the
+    /// cluster's default replication factor), then wait until the cluster reports
+    /// every partition with a leader, all within `timeout`. An existing topic is
+    /// left as it is, whatever its partition count.
+    pub async fn ensure_topic(
+        &self,
+        topic: &str,
+        partitions: i32,
+        timeout: Duration,
+    ) -> Result<()> {
+        let failed = |reason: String| Error::TopicNotCreated {
+            topic: topic.to_string(),
+            reason,
+        };
+        let deadline = Instant::now() + timeout;
+        let admin: Arc<AdminClient<DefaultClientContext>> =
+            Arc::new(self.client_config()?.create()?);
+        // `-1`: the broker's `default.replication.factor` (Kafka 2.4 and later).
+        let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+        let options = AdminOptions::new().operation_timeout(Some(timeout));
+        let results = admin.create_topics([&new_topic], &options).await?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code)) => return Err(failed(format!("cannot create it: {code}"))),
+            }
+        }
+        loop {
+            let reader = Arc::clone(&admin);
+            let name = topic.to_string();
+            // librdkafka's metadata call blocks: keep it off the async workers.
+            let ready = tokio::task::spawn_blocking(move || {
+                reader
+                    .inner()
+                    .fetch_metadata(Some(&name), Duration::from_secs(2))
+                    .map(|metadata| {
+                        metadata.topics().iter().any(|t| {
+                            t.name() == name
+                                && t.error().is_none()
+                                && !t.partitions().is_empty()
+                                && t.partitions().iter().all(|p| p.leader() >= 0)
+                        })
+                    })
+            })
+            .await
+            .map_err(|e| failed(format!("metadata task: {e}")))?;
+            if matches!(ready, Ok(true)) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let why = match ready {
+                    Err(e) => format!("metadata: {e}"),
+                    Ok(_) => "no leader for every partition yet".to_string(),
+                };
+                return Err(failed(format!("not usable within {timeout:?}: {why}")));
+            }
+            tokio::time::sleep(METADATA_POLL).await;
+        }
+    }
+}

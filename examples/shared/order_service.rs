@@ -145,10 +145,7 @@ pub(crate) async fn connect(name: &str) -> Result<Database, Error> {
 
 /// The relay settings of the examples: poll often, so that the demo is quick.
 pub(crate) fn relay_config() -> RelayConfig {
-    RelayConfig {
-        poll_interval: Duration::from_millis(50),
-        ..RelayConfig::default()
-    }
+    RelayConfig::default().poll_interval(Duration::from_millis(50))
 }
 
 /// A token cancelled at Ctrl-C (the caller may cancel it too).

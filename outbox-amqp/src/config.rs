@@ -25,6 +25,7 @@ pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AmqpConfig {
     /// Broker URL (`amqp://user:password@host:port/vhost`). Defaults to [`DEFAULT_URL`].
     pub url: String,

@@ -19,6 +19,7 @@ use crate::headers;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Metadata {
     /// The event id: the dedup key for the consumer's inbox.
     pub id: Uuid,

@@ -9,25 +9,12 @@ use std::time::{Duration, Instant};
 use common::{amqp_addr, amqp_url, url_via, AmqpTarget};
 use pgoutbox_core::conformance::proxy::TcpProxy;
 use pgoutbox_core::testing::run_relay_while;
-use pgoutbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
-use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_core::{NewEvent, Publisher, Relay, Store};
+use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
 use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
 use uuid::Uuid;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn relay_config() -> RelayConfig {
-    RelayConfig {
-        batch_size: 50,
-        poll_interval: Duration::from_millis(20),
-        publish_timeout: Duration::from_secs(15),
-        retry: RetryPolicy::default()
-            .max_attempts(1000)
-            .base_delay(Duration::from_millis(50))
-            .max_delay(Duration::from_millis(300)),
-        ..RelayConfig::default()
-    }
-}
 
 /// Run `relay` while `work` runs, then shut it down gracefully; bounded by [`DEADLINE`].
 async fn with_relay<S: Store, P: Publisher, T>(
@@ -79,7 +66,7 @@ async fn events_from_postgres_reach_the_queue_in_order() {
     let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
     let target = AmqpTarget::new().await;
     let publisher = target.config(&amqp_url()).connect().await.expect("connect");
-    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+    let relay = Relay::new(test.store(), publisher).with_config(broker_relay_config());
 
     let mut sent = Vec::new();
     for tx in 0..3 {
@@ -136,7 +123,7 @@ async fn an_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
         .connect()
         .await
         .expect("connect through the proxy");
-    let mut config = relay_config();
+    let mut config = broker_relay_config();
     config.retry = config.retry.max_attempts(3);
     config.broker_probe_min = Duration::from_millis(100);
     config.broker_probe_max = Duration::from_millis(500);
@@ -240,7 +227,7 @@ async fn unroutable_message_is_a_dead_letter_and_others_flow() {
     let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
     let target = AmqpTarget::new().await;
     let publisher = target.config(&amqp_url()).connect().await.expect("connect");
-    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+    let relay = Relay::new(test.store(), publisher).with_config(broker_relay_config());
 
     let lost = NewEvent::new(
         "payment",

@@ -46,12 +46,10 @@ impl DrainOptions {
     }
 
     fn store_config(&self, retention: Retention) -> StoreConfig {
-        StoreConfig {
-            ordering: !self.unordered,
-            retention,
-            synchronous_commit: self.synchronous_commit,
-            ..StoreConfig::default()
-        }
+        StoreConfig::default()
+            .ordering(!self.unordered)
+            .retention(retention)
+            .synchronous_commit(self.synchronous_commit)
     }
 
     fn describe(&self, config: &RelayConfig) -> String {
@@ -179,10 +177,7 @@ pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report>
     bench.fill(o.events, o.aggregates).await?;
     bench.settle().await?;
     progress("relay draining into NATS JetStream");
-    let broker_config = RelayConfig {
-        workers: args.workers.max(1),
-        ..config.clone()
-    };
+    let broker_config = config.clone().workers(args.workers.max(1));
     let broker_time =
         run_relays(&store, publisher.clone(), relays, &broker_config, o.events).await?;
     let broker_rate = o.events as f64 / broker_time.as_secs_f64();

@@ -52,14 +52,11 @@ async fn backlog(url: &str, n: u64, keys: &Keys, stats: Stats) -> Result<Bench> 
 
 /// Drain the whole backlog with `relays` relays (null publisher); events per second.
 async fn drain_rate(bench: &Bench, n: u64, relays: usize, ordering: bool) -> Result<f64> {
-    let store = bench
-        .store(relays as u32 + 1)
-        .await?
-        .with_config(StoreConfig {
-            ordering,
-            retention: Retention::Delete,
-            ..StoreConfig::default()
-        });
+    let store = bench.store(relays as u32 + 1).await?.with_config(
+        StoreConfig::default()
+            .ordering(ordering)
+            .retention(Retention::Delete),
+    );
     let elapsed = run_relays(&store, NullPublisher, relays, &RelayConfig::default(), n).await?;
     store.pool().close().await;
     Ok(n as f64 / elapsed.as_secs_f64())

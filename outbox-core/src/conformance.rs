@@ -557,14 +557,16 @@ pub async fn failed_event_holds_back_its_run<T: ConformanceTarget>(target: &T) {
             id: (!refused_by_broker).then_some(failing),
             failed: std::sync::atomic::AtomicBool::new(false),
         };
-        let relay = Relay::new(store.clone(), publisher).with_config(RelayConfig {
-            batch_size: 100,
-            publish_timeout: PUBLISH_DEADLINE,
-            retry: RetryPolicy::default()
-                .base_delay(Duration::ZERO)
-                .max_delay(Duration::ZERO),
-            ..RelayConfig::default()
-        });
+        let relay = Relay::new(store.clone(), publisher).with_config(
+            RelayConfig::default()
+                .batch_size(100)
+                .publish_timeout(PUBLISH_DEADLINE)
+                .retry(
+                    RetryPolicy::default()
+                        .base_delay(Duration::ZERO)
+                        .max_delay(Duration::ZERO),
+                ),
+        );
         let what = if refused_by_broker {
             "refused by the broker"
         } else {

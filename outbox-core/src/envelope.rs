@@ -66,6 +66,7 @@ pub fn headers(event: &Event) -> Vec<(&str, Cow<'_, str>)> {
 
 /// The outbox metadata of a received message, whatever the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Metadata {
     /// The event id: record it in the consumer's inbox to skip duplicates.
     pub event_id: Uuid,
@@ -102,6 +103,7 @@ pub enum EnvelopeError {
 /// A received message's body does not decode as the type the consumer asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("event {event_id} ({event_type}): body does not decode as `{target}`: {reason}")]
+#[non_exhaustive]
 pub struct DecodeError {
     /// The event.
     pub event_id: Uuid,

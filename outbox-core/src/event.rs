@@ -18,6 +18,7 @@ pub const MAX_NAME_LEN: usize = 1024;
 
 /// An event stored in the outbox and claimed by the relay for publishing.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Event {
     /// Unique id: the dedup key every broker message carries.
     pub id: Uuid,
@@ -42,6 +43,31 @@ pub struct Event {
 }
 
 impl Event {
+    /// An event as a store hands it to the relay: `seq` 0, no headers, no
+    /// destination, written now, no attempts yet. A store sets the other fields
+    /// from its row (the struct is `#[non_exhaustive]`: fields may be added, so it
+    /// is built with this and then assigned, not with a struct expression).
+    pub fn new(
+        id: Uuid,
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: Box<RawValue>,
+    ) -> Self {
+        Self {
+            id,
+            seq: 0,
+            aggregate_type: aggregate_type.into(),
+            aggregate_id: aggregate_id.into(),
+            event_type: event_type.into(),
+            payload,
+            headers: Headers::new(),
+            destination: None,
+            created_at: Utc::now(),
+            attempts: 0,
+        }
+    }
+
     /// The W3C `traceparent` header, when one was recorded.
     pub fn traceparent(&self) -> Option<&str> {
         self.headers.get(TRACEPARENT).map(String::as_str)
@@ -66,6 +92,7 @@ pub trait TypedEvent: Serialize {
 /// [`NewEvent::from_json_str`] (raw JSON text, validated by [`NewEvent::validate`],
 /// which every store calls before writing anything).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct NewEvent {
     /// Event id; defaults to a fresh time-ordered UUID (v7).
     pub id: Uuid,

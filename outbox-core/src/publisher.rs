@@ -64,6 +64,7 @@ pub enum FailureKind {
 /// A failure to publish one event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
+#[non_exhaustive]
 pub struct PublishError {
     /// Retryable or permanent.
     pub kind: FailureKind,

@@ -28,6 +28,7 @@ use crate::waves::Waves;
 
 /// How a [`Relay`] runs.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RelayConfig {
     /// Most events claimed and published at once. Defaults to 200.
     pub batch_size: usize,
@@ -74,6 +75,81 @@ impl Default for RelayConfig {
     }
 }
 
+/// Builder-style setters: the struct is `#[non_exhaustive]` (fields may be added),
+/// so outside this crate it is built from [`RelayConfig::default`] with these (or by
+/// assigning its public fields), not with a struct expression.
+impl RelayConfig {
+    /// Set [`RelayConfig::batch_size`].
+    #[must_use]
+    pub fn batch_size(mut self, value: usize) -> Self {
+        self.batch_size = value;
+        self
+    }
+
+    /// Set [`RelayConfig::poll_interval`].
+    #[must_use]
+    pub fn poll_interval(mut self, value: Duration) -> Self {
+        self.poll_interval = value;
+        self
+    }
+
+    /// Set [`RelayConfig::publish_timeout`].
+    #[must_use]
+    pub fn publish_timeout(mut self, value: Duration) -> Self {
+        self.publish_timeout = value;
+        self
+    }
+
+    /// Set [`RelayConfig::retry`].
+    #[must_use]
+    pub fn retry(mut self, value: RetryPolicy) -> Self {
+        self.retry = value;
+        self
+    }
+
+    /// Set [`RelayConfig::workers`].
+    #[must_use]
+    pub fn workers(mut self, value: usize) -> Self {
+        self.workers = value;
+        self
+    }
+
+    /// Set [`RelayConfig::pending_refresh`].
+    #[must_use]
+    pub fn pending_refresh(mut self, value: Duration) -> Self {
+        self.pending_refresh = value;
+        self
+    }
+
+    /// Set [`RelayConfig::error_backoff`].
+    #[must_use]
+    pub fn error_backoff(mut self, value: Duration) -> Self {
+        self.error_backoff = value;
+        self
+    }
+
+    /// Set [`RelayConfig::broker_probe_min`].
+    #[must_use]
+    pub fn broker_probe_min(mut self, value: Duration) -> Self {
+        self.broker_probe_min = value;
+        self
+    }
+
+    /// Set [`RelayConfig::broker_probe_max`].
+    #[must_use]
+    pub fn broker_probe_max(mut self, value: Duration) -> Self {
+        self.broker_probe_max = value;
+        self
+    }
+
+    /// Set [`RelayConfig::event_type_labels`].
+    #[must_use]
+    pub fn event_type_labels(mut self, value: usize) -> Self {
+        self.event_type_labels = value;
+        self
+    }
+}
+
 /// Counters of what a relay did, readable while it runs.
 #[derive(Debug, Default)]
 pub struct RelayStats {
@@ -89,6 +165,7 @@ pub struct RelayStats {
 
 /// A copy of [`RelayStats`] at one instant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RelayStatsSnapshot {
     /// Claim calls, including those that found nothing.
     pub claims: u64,
@@ -126,6 +203,7 @@ impl RelayStats {
 
 /// What one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BatchReport {
     /// Events claimed.
     pub claimed: usize,

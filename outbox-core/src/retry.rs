@@ -9,6 +9,7 @@ use std::time::Duration;
 /// between half of that and all of it, so relays that failed together do not
 /// retry together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts before an event is dead-lettered. Defaults to 8.
     pub max_attempts: u32,

@@ -82,20 +82,20 @@ impl Publisher for Broker {
 }
 
 fn config() -> RelayConfig {
-    RelayConfig {
-        batch_size: 50,
-        workers: 2,
-        poll_interval: Duration::from_millis(10),
+    RelayConfig::default()
+        .batch_size(50)
+        .workers(2)
+        .poll_interval(Duration::from_millis(10))
         // Three attempts, no backoff: without outage handling, three claims of a down
         // broker would dead-letter everything.
-        retry: RetryPolicy::default()
-            .max_attempts(3)
-            .base_delay(Duration::ZERO)
-            .max_delay(Duration::ZERO),
-        broker_probe_min: Duration::from_millis(5),
-        broker_probe_max: Duration::from_millis(40),
-        ..RelayConfig::default()
-    }
+        .retry(
+            RetryPolicy::default()
+                .max_attempts(3)
+                .base_delay(Duration::ZERO)
+                .max_delay(Duration::ZERO),
+        )
+        .broker_probe_min(Duration::from_millis(5))
+        .broker_probe_max(Duration::from_millis(40))
 }
 
 /// Wait (bounded) until `done` holds.

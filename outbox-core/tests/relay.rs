@@ -19,14 +19,14 @@ fn event(aggregate: &str, n: u32) -> NewEvent {
 }
 
 fn config(batch_size: usize) -> RelayConfig {
-    RelayConfig {
-        batch_size,
-        poll_interval: Duration::from_millis(5),
-        retry: RetryPolicy::default()
-            .base_delay(Duration::ZERO)
-            .max_delay(Duration::ZERO),
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .batch_size(batch_size)
+        .poll_interval(Duration::from_millis(5))
+        .retry(
+            RetryPolicy::default()
+                .base_delay(Duration::ZERO)
+                .max_delay(Duration::ZERO),
+        )
 }
 
 /// A publisher whose publish never returns.
@@ -59,10 +59,8 @@ async fn backlog_is_drained_batch_after_batch_without_waiting() {
         store.enqueue(event(&format!("a{n}"), n)).unwrap();
     }
     let publisher = Arc::new(RecordingPublisher::new());
-    let relay = Relay::new(store.clone(), Arc::clone(&publisher)).with_config(RelayConfig {
-        poll_interval: Duration::from_secs(3600),
-        ..config(100)
-    });
+    let relay = Relay::new(store.clone(), Arc::clone(&publisher))
+        .with_config(config(100).poll_interval(Duration::from_secs(3600)));
     // With an hour-long poll interval, only back-to-back claims can drain this.
     tokio::time::timeout(Duration::from_secs(10), async {
         while store.published_ids().len() < 1000 {
@@ -83,10 +81,8 @@ async fn run_loop_drains_without_poll_ticks() {
     for n in 0..1000 {
         store.enqueue(event(&format!("a{n}"), n)).unwrap();
     }
-    let relay = Relay::new(store.clone(), RecordingPublisher::new()).with_config(RelayConfig {
-        poll_interval: Duration::from_secs(3600),
-        ..config(100)
-    });
+    let relay = Relay::new(store.clone(), RecordingPublisher::new())
+        .with_config(config(100).poll_interval(Duration::from_secs(3600)));
     tokio::time::timeout(Duration::from_secs(10), run_until_drained(&relay))
         .await
         .unwrap();
@@ -213,11 +209,11 @@ async fn hanging_publisher_is_bounded_by_publish_timeout() {
 #[tokio::test]
 async fn shutdown_returns_promptly_when_idle() {
     let store = MemoryStore::new();
-    let relay = Relay::new(store, RecordingPublisher::new()).with_config(RelayConfig {
-        poll_interval: Duration::from_secs(3600),
-        pending_refresh: Duration::from_secs(3600),
-        ..RelayConfig::default()
-    });
+    let relay = Relay::new(store, RecordingPublisher::new()).with_config(
+        RelayConfig::default()
+            .poll_interval(Duration::from_secs(3600))
+            .pending_refresh(Duration::from_secs(3600)),
+    );
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let run = relay.run(async {
         let _ = rx.await;

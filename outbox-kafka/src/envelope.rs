@@ -38,6 +38,7 @@ pub(crate) fn headers(event: &Event) -> OwnedHeaders {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Received {
     /// The event id: record it in the consumer's inbox to skip duplicates.
     pub event_id: Uuid,

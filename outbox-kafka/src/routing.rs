@@ -81,18 +81,16 @@ mod tests {
     use super::*;
 
     fn event(aggregate_type: &str, event_type: &str, destination: Option<&str>) -> Event {
-        Event {
-            id: uuid::Uuid::now_v7(),
-            seq: 1,
-            aggregate_type: aggregate_type.into(),
-            aggregate_id: "1".into(),
-            event_type: event_type.into(),
-            payload: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
-            headers: Default::default(),
-            destination: destination.map(Into::into),
-            created_at: chrono::Utc::now(),
-            attempts: 0,
-        }
+        let payload = serde_json::value::RawValue::from_string("{}".into()).unwrap();
+        let mut event = Event::new(
+            uuid::Uuid::now_v7(),
+            aggregate_type,
+            "1",
+            event_type,
+            payload,
+        );
+        event.destination = destination.map(Into::into);
+        event
     }
 
     #[test]

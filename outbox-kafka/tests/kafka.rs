@@ -10,13 +10,11 @@ use common::{
     consumer, create_topic, group_consumer, key, read, tansu_bootstrap, unique, MockKafka,
 };
 use pgoutbox_core::conformance::event;
-use pgoutbox_core::{
-    Event, FailureKind, NewEvent, Outcome, Publisher, Relay, RelayConfig, RetryPolicy, Store,
-};
+use pgoutbox_core::{Event, FailureKind, NewEvent, Outcome, Publisher, Relay, Store};
 use pgoutbox_kafka::rdkafka::consumer::StreamConsumer;
 use pgoutbox_kafka::rdkafka::message::Message;
 use pgoutbox_kafka::{KafkaConfig, Received};
-use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
 use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
 use uuid::Uuid;
 
@@ -167,19 +165,6 @@ async fn check_sees_the_cluster() {
     publisher.check().await.unwrap();
 }
 
-fn relay_config() -> RelayConfig {
-    RelayConfig {
-        batch_size: 50,
-        poll_interval: Duration::from_millis(50),
-        publish_timeout: Duration::from_secs(30),
-        retry: RetryPolicy::default()
-            .max_attempts(100)
-            .base_delay(Duration::from_millis(100))
-            .max_delay(Duration::from_millis(500)),
-        ..RelayConfig::default()
-    }
-}
-
 /// Run the relay until the outbox is empty, at most `limit`.
 async fn drain<S: Store, P: Publisher>(relay: &Relay<S, P>, limit: Duration) {
     pgoutbox_core::testing::drain(relay, limit)
@@ -237,7 +222,7 @@ async fn end_to_end(bootstrap: &str, topic: &str, reader: &StreamConsumer) {
         .topic(topic)
         .build()
         .expect("publisher");
-    let relay = Relay::new(db.store(), publisher).with_config(relay_config());
+    let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
     drain(&relay, Duration::from_secs(60)).await;
 
     let messages = read(reader, ids.len(), Duration::from_secs(30)).await;
@@ -278,7 +263,7 @@ async fn broker_outage_keeps_events_until_recovery() {
         .set("reconnect.backoff.max.ms", "500")
         .build()
         .unwrap();
-    let relay = Relay::new(db.store(), publisher).with_config(relay_config());
+    let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
     mock.broker_down(1);
     let ids = enqueue_orders(&db, 3, 4).await;
 

@@ -29,6 +29,7 @@ pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NatsConfig {
     /// Server URL(s), comma-separated. Defaults to [`DEFAULT_URL`].
     pub url: String,

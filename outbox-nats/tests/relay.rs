@@ -9,25 +9,12 @@ use std::time::{Duration, Instant};
 use common::{nats_addr, NatsTarget};
 use pgoutbox_core::conformance::proxy::TcpProxy;
 use pgoutbox_core::testing::run_relay_while;
-use pgoutbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
-use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_core::{NewEvent, Publisher, Relay, Store};
+use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
 use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
 use uuid::Uuid;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn relay_config() -> RelayConfig {
-    RelayConfig {
-        batch_size: 50,
-        poll_interval: Duration::from_millis(20),
-        publish_timeout: Duration::from_secs(15),
-        retry: RetryPolicy::default()
-            .max_attempts(1000)
-            .base_delay(Duration::from_millis(50))
-            .max_delay(Duration::from_millis(300)),
-        ..RelayConfig::default()
-    }
-}
 
 /// Run `relay` while `work` runs, then shut it down gracefully; bounded by [`DEADLINE`].
 async fn with_relay<S: Store, P: Publisher, T>(
@@ -91,7 +78,7 @@ async fn events_from_postgres_reach_the_consumer_in_order() {
         .connect()
         .await
         .expect("connect");
-    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+    let relay = Relay::new(test.store(), publisher).with_config(broker_relay_config());
 
     let mut sent = Vec::new();
     for tx in 0..3 {
@@ -154,7 +141,7 @@ async fn republished_event_is_a_server_duplicate_and_consumed_once() {
         .connect()
         .await
         .expect("connect");
-    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+    let relay = Relay::new(test.store(), publisher).with_config(broker_relay_config());
 
     let event = NewEvent::new(
         "order",
@@ -215,7 +202,7 @@ async fn an_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
         .await
         .expect("connect through the proxy");
     publisher.check().await.expect("connected");
-    let mut config = relay_config();
+    let mut config = broker_relay_config();
     config.retry = config.retry.max_attempts(3);
     config.broker_probe_min = Duration::from_millis(100);
     config.broker_probe_max = Duration::from_millis(500);
@@ -315,7 +302,7 @@ async fn oversize_payload_is_a_dead_letter_and_others_flow() {
         .connect()
         .await
         .expect("connect");
-    let relay = Relay::new(test.store(), publisher).with_config(relay_config());
+    let relay = Relay::new(test.store(), publisher).with_config(broker_relay_config());
 
     let big = NewEvent::new(
         "order",

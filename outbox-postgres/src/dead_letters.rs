@@ -18,6 +18,7 @@ use crate::sql::Sql;
 /// Which dead letters an operation applies to. Every field set narrows the
 /// selection; the default selects all dead letters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeadLetterFilter {
     /// Only this event type.
     pub event_type: Option<String>,
@@ -40,6 +41,34 @@ impl DeadLetterFilter {
         }
     }
 
+    /// Narrow to this event type.
+    #[must_use]
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// Narrow to this aggregate type.
+    #[must_use]
+    pub fn aggregate_type(mut self, aggregate_type: impl Into<String>) -> Self {
+        self.aggregate_type = Some(aggregate_type.into());
+        self
+    }
+
+    /// Narrow to this aggregate id.
+    #[must_use]
+    pub fn aggregate_id(mut self, aggregate_id: impl Into<String>) -> Self {
+        self.aggregate_id = Some(aggregate_id.into());
+        self
+    }
+
+    /// Narrow to events dead-lettered longer ago than `age`.
+    #[must_use]
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
     fn bind<'q>(
         &'q self,
         query: Query<'q, Postgres, PgArguments>,
@@ -55,6 +84,7 @@ impl DeadLetterFilter {
 
 /// A dead-lettered event with why and when it died.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DeadLetter {
     /// The event (attempts = attempts made).
     pub event: Event,

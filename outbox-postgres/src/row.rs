@@ -90,16 +90,17 @@ pub(crate) fn event(row: &PgRow) -> Result<Event, sqlx::Error> {
     let payload: String = get(row, PAYLOAD)?;
     let headers: &str = get(row, HEADERS)?;
     let attempts: i32 = get(row, ATTEMPTS)?;
-    Ok(Event {
-        seq: get(row, SEQ)?,
-        id: get(row, ID)?,
-        aggregate_type: get(row, AGGREGATE_TYPE)?,
-        aggregate_id: get(row, AGGREGATE_ID)?,
-        event_type: get(row, EVENT_TYPE)?,
-        payload: RawValue::from_string(payload).map_err(|e| decode(PAYLOAD.1, e))?,
-        headers: serde_json::from_str::<Headers>(headers).map_err(|e| decode(HEADERS.1, e))?,
-        destination: get(row, DESTINATION)?,
-        created_at: get(row, CREATED_AT)?,
-        attempts: u32::try_from(attempts).unwrap_or(0),
-    })
+    let mut event = Event::new(
+        get(row, ID)?,
+        get::<String>(row, AGGREGATE_TYPE)?,
+        get::<String>(row, AGGREGATE_ID)?,
+        get::<String>(row, EVENT_TYPE)?,
+        RawValue::from_string(payload).map_err(|e| decode(PAYLOAD.1, e))?,
+    );
+    event.seq = get(row, SEQ)?;
+    event.headers = serde_json::from_str::<Headers>(headers).map_err(|e| decode(HEADERS.1, e))?;
+    event.destination = get(row, DESTINATION)?;
+    event.created_at = get(row, CREATED_AT)?;
+    event.attempts = u32::try_from(attempts).unwrap_or(0);
+    Ok(event)
 }

@@ -9,6 +9,7 @@ use crate::store::PgStore;
 
 /// Counts describing an outbox at one instant.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct OutboxStats {
     /// Events waiting to be published (due or scheduled later, not dead).
     pub pending: u64,

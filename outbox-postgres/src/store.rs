@@ -51,6 +51,7 @@ pub enum Retention {
 
 /// How the store claims and records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreConfig {
     /// Publish the events of one aggregate in insertion order. Defaults to `true`.
     ///
@@ -87,6 +88,39 @@ impl Default for StoreConfig {
             retention: Retention::Delete,
             synchronous_commit: true,
         }
+    }
+}
+
+/// Builder-style setters: the struct is `#[non_exhaustive]` (fields may be added),
+/// so outside this crate it is built from [`StoreConfig::default`] with these (or by
+/// assigning its public fields), not with a struct expression.
+impl StoreConfig {
+    /// Set [`StoreConfig::ordering`].
+    #[must_use]
+    pub fn ordering(mut self, value: bool) -> Self {
+        self.ordering = value;
+        self
+    }
+
+    /// Set [`StoreConfig::after_dead_letter`].
+    #[must_use]
+    pub fn after_dead_letter(mut self, value: AfterDeadLetter) -> Self {
+        self.after_dead_letter = value;
+        self
+    }
+
+    /// Set [`StoreConfig::retention`].
+    #[must_use]
+    pub fn retention(mut self, value: Retention) -> Self {
+        self.retention = value;
+        self
+    }
+
+    /// Set [`StoreConfig::synchronous_commit`].
+    #[must_use]
+    pub fn synchronous_commit(mut self, value: bool) -> Self {
+        self.synchronous_commit = value;
+        self
     }
 }
 

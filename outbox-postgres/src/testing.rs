@@ -1,5 +1,8 @@
 //! A throw-away outbox in its own schema on a real PostgreSQL, for tests.
 
+use std::time::Duration;
+
+use pgoutbox_core::{RelayConfig, RetryPolicy};
 use sqlx::PgPool;
 
 use crate::enqueue::Outbox;
@@ -12,6 +15,22 @@ use crate::tables::Tables;
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A relay configuration for tests against a real broker: batches of 50, a 20 ms
+/// poll, a 30 s publish timeout, and retries 50-300 ms apart up to 1,000 attempts,
+/// so that a test never dead-letters an event by exhausting its attempts.
+pub fn broker_relay_config() -> RelayConfig {
+    RelayConfig::default()
+        .batch_size(50)
+        .poll_interval(Duration::from_millis(20))
+        .publish_timeout(Duration::from_secs(30))
+        .retry(
+            RetryPolicy::default()
+                .max_attempts(1000)
+                .base_delay(Duration::from_millis(50))
+                .max_delay(Duration::from_millis(300)),
+        )
 }
 
 /// An outbox in a fresh schema `outbox_test_<random>`, migrated; [`TestOutbox::drop_schema`]

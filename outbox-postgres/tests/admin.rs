@@ -49,10 +49,7 @@ async fn dead_letters_can_be_listed_filtered_retried_and_purged() {
     let all = DeadLetterFilter::default();
     assert_eq!(dl.count(&all).await.unwrap(), 3);
 
-    let orders = DeadLetterFilter {
-        aggregate_type: Some("order".into()),
-        ..all.clone()
-    };
+    let orders = all.clone().aggregate_type("order");
     let listed: Vec<Uuid> = dl
         .list(&orders, 10)
         .await
@@ -61,20 +58,11 @@ async fn dead_letters_can_be_listed_filtered_retried_and_purged() {
         .map(|d| d.event.id)
         .collect();
     assert_eq!(listed, vec![ids[0], ids[2]]);
-    let by_agg = DeadLetterFilter {
-        aggregate_id: Some("3".into()),
-        ..all.clone()
-    };
+    let by_agg = all.clone().aggregate_id("3");
     assert_eq!(dl.count(&by_agg).await.unwrap(), 1);
-    let by_type = DeadLetterFilter {
-        event_type: Some("order.created".into()),
-        ..all.clone()
-    };
+    let by_type = all.clone().event_type("order.created");
     assert_eq!(dl.count(&by_type).await.unwrap(), 0);
-    let old = DeadLetterFilter {
-        older_than: Some(Duration::from_secs(3600)),
-        ..all.clone()
-    };
+    let old = all.clone().older_than(Duration::from_secs(3600));
     assert_eq!(dl.count(&old).await.unwrap(), 0);
 
     let shown = dl.show(ids[0]).await.unwrap().unwrap();
@@ -96,10 +84,7 @@ async fn dead_letters_can_be_listed_filtered_retried_and_purged() {
     assert_eq!(relay.publisher().published_ids(), vec![ids[0]]);
 
     // Purge the invoices only.
-    let invoices = DeadLetterFilter {
-        aggregate_type: Some("invoice".into()),
-        ..all.clone()
-    };
+    let invoices = all.clone().aggregate_type("invoice");
     assert_eq!(dl.purge(&invoices).await.unwrap(), 1);
     assert_eq!(
         dl.list(&all, 10)
@@ -214,10 +199,9 @@ async fn handler_error_rolls_back_so_a_later_delivery_runs_it_again() {
 #[tokio::test]
 async fn cleanup_removes_only_old_published_rows_and_old_inbox_records() {
     let db = TestOutbox::new().await.unwrap();
-    let store = db.store().with_config(StoreConfig {
-        retention: Retention::Keep(Duration::from_secs(0)),
-        ..StoreConfig::default()
-    });
+    let store = db
+        .store()
+        .with_config(StoreConfig::default().retention(Retention::Keep(Duration::from_secs(0))));
     let mut tx = db.pool.begin().await.unwrap();
     let ids = db
         .outbox
@@ -306,10 +290,9 @@ async fn cleanup_removes_only_old_published_rows_and_old_inbox_records() {
 #[tokio::test]
 async fn periodic_cleanup_deletes_published_rows_until_stopped() {
     let db = TestOutbox::new().await.unwrap();
-    let store = db.store().with_config(StoreConfig {
-        retention: Retention::Keep(Duration::ZERO),
-        ..StoreConfig::default()
-    });
+    let store = db
+        .store()
+        .with_config(StoreConfig::default().retention(Retention::Keep(Duration::ZERO)));
     let mut tx = db.pool.begin().await.unwrap();
     db.outbox
         .enqueue_many(&mut tx, &[event("1", 0), event("2", 0)])
@@ -359,10 +342,9 @@ async fn in_flight_counts_events_claimed_by_a_relay() {
     for ordering in [true, false] {
         let db = TestOutbox::new().await.unwrap();
         common::fill(&db, 10, 1).await;
-        let store = db.store().with_config(StoreConfig {
-            ordering,
-            ..StoreConfig::default()
-        });
+        let store = db
+            .store()
+            .with_config(StoreConfig::default().ordering(ordering));
         assert_eq!(store.in_flight(100).await.unwrap(), Some(0));
         let claim = store.claim(4).await.unwrap();
         assert_eq!(claim.events().len(), 4);

@@ -14,9 +14,7 @@ use chrono::{DateTime, Utc};
 use common::{drained, event, fast_config, fill, remaining, run_all};
 use futures_util::FutureExt;
 use pgoutbox_core::testing::RecordingPublisher;
-use pgoutbox_core::{
-    Event, NewEvent, Outcome, PublishError, Publisher, Relay, RelayConfig, RetryPolicy, Store,
-};
+use pgoutbox_core::{Event, NewEvent, Outcome, PublishError, Publisher, Relay, RetryPolicy, Store};
 use pgoutbox_postgres::testing::TestOutbox;
 use pgoutbox_postgres::{DeadLetterFilter, DeadLetters, PgStore};
 use uuid::Uuid;
@@ -45,13 +43,14 @@ async fn failing_event_waits_for_its_retry_time_then_dead_letters_with_its_last_
         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
         Some(PublishError::retryable(format!("broker unavailable #{n}")))
     });
-    let relay = Relay::new(db.store(), publisher).with_config(RelayConfig {
-        retry: RetryPolicy::default()
-            .max_attempts(3)
-            .base_delay(Duration::from_millis(400))
-            .max_delay(Duration::from_millis(400)),
-        ..fast_config()
-    });
+    let relay = Relay::new(db.store(), publisher).with_config(
+        fast_config().retry(
+            RetryPolicy::default()
+                .max_attempts(3)
+                .base_delay(Duration::from_millis(400))
+                .max_delay(Duration::from_millis(400)),
+        ),
+    );
 
     for expected_attempts in 1..=2 {
         let failed_at = Utc::now();
@@ -119,10 +118,10 @@ async fn poison_events_end_dead_and_all_healthy_events_are_published() {
     // Release: the followers of a poison event go on (the default, Block, would keep
     // them pending until an operator acts; `dead_letter_releases_or_blocks_...`).
     let store = || {
-        db.store().with_config(pgoutbox_postgres::StoreConfig {
-            after_dead_letter: pgoutbox_postgres::AfterDeadLetter::Release,
-            ..pgoutbox_postgres::StoreConfig::default()
-        })
+        db.store().with_config(
+            pgoutbox_postgres::StoreConfig::default()
+                .after_dead_letter(pgoutbox_postgres::AfterDeadLetter::Release),
+        )
     };
     let relays: Vec<_> = (0..2)
         .map(|_| Relay::new(store(), Arc::clone(&publisher)).with_config(config.clone()))
@@ -186,10 +185,8 @@ async fn four_relays_keep_order(aggregates: usize, per_aggregate: usize) {
     });
     let relays: Vec<_> = (0..4)
         .map(|_| {
-            Relay::new(db.store(), Arc::clone(&publisher)).with_config(RelayConfig {
-                batch_size: 200,
-                ..fast_config()
-            })
+            Relay::new(db.store(), Arc::clone(&publisher))
+                .with_config(fast_config().batch_size(200))
         })
         .collect();
     run_all(
@@ -258,10 +255,9 @@ async fn failing_head_delays_its_own_aggregate_only() {
     let publisher = Arc::new(RecordingPublisher::failing_when(move |e| {
         (e.id == head).then(|| PublishError::retryable("down for x"))
     }));
-    let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(RelayConfig {
-        retry: RetryPolicy::default().base_delay(Duration::from_secs(60)),
-        ..fast_config()
-    });
+    let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(
+        fast_config().retry(RetryPolicy::default().base_delay(Duration::from_secs(60))),
+    );
     for _ in 0..5 {
         relay.run_once().await.unwrap();
     }
@@ -293,10 +289,9 @@ async fn dead_letter_releases_or_blocks_its_followers_as_configured() {
             .unwrap();
         tx.commit().await.unwrap();
         let head = ids[0];
-        let store = db.store().with_config(StoreConfig {
-            after_dead_letter: policy,
-            ..StoreConfig::default()
-        });
+        let store = db
+            .store()
+            .with_config(StoreConfig::default().after_dead_letter(policy));
         let publisher = RecordingPublisher::failing_when(move |e| {
             (e.id == head).then(|| PublishError::permanent("unroutable"))
         });
@@ -355,10 +350,8 @@ async fn relays_killed_between_publish_and_record_lose_nothing() {
             .unwrap();
         let store = PgStore::new(pool, db.tables.clone());
         relays.push(
-            Relay::new(store, Arc::clone(&publisher)).with_config(RelayConfig {
-                batch_size,
-                ..fast_config()
-            }),
+            Relay::new(store, Arc::clone(&publisher))
+                .with_config(fast_config().batch_size(batch_size)),
         );
     }
     // Kill the connection of whichever relay is between claim and record
@@ -529,12 +522,13 @@ async fn a_lifted_hold_keeps_its_aggregate_in_order_behind_later_traffic() {
         (e.id == head && !failed.swap(true, Ordering::SeqCst))
             .then(|| PublishError::retryable("first attempt fails"))
     }));
-    let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(RelayConfig {
-        retry: RetryPolicy::default()
-            .base_delay(Duration::from_millis(300))
-            .max_delay(Duration::from_millis(300)),
-        ..fast_config()
-    });
+    let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(
+        fast_config().retry(
+            RetryPolicy::default()
+                .base_delay(Duration::from_millis(300))
+                .max_delay(Duration::from_millis(300)),
+        ),
+    );
     // x's head fails and holds x; y goes out.
     relay.run_once().await.unwrap();
     // Traffic after x while x is held: the walk moves on.

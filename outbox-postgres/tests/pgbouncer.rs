@@ -21,7 +21,7 @@ use std::time::Duration;
 use common::{drained, event, fast_config, run_all};
 use futures_util::FutureExt;
 use pgoutbox_core::testing::RecordingPublisher;
-use pgoutbox_core::{NewEvent, Relay, RelayConfig};
+use pgoutbox_core::{NewEvent, Relay};
 use pgoutbox_postgres::testing::TestOutbox;
 use pgoutbox_postgres::{pooler_options, DeadLetterFilter, DeadLetters, Outbox, PgStore, Wakeup};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -76,11 +76,8 @@ async fn producers_and_two_relays_through_pgbouncer_publish_every_event_once_in_
             .unwrap();
         let store = PgStore::new(pool, db.tables.clone()).with_wakeup(Wakeup::adaptive());
         relays.push(
-            Relay::new(store, Arc::clone(&publisher)).with_config(RelayConfig {
-                workers: WORKERS,
-                batch_size: 10,
-                ..fast_config()
-            }),
+            Relay::new(store, Arc::clone(&publisher))
+                .with_config(fast_config().workers(WORKERS).batch_size(10)),
         );
     }
 

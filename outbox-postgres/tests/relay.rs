@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{drained, event, fast_config, fill, remaining, run_all};
 use futures_util::FutureExt;
 use pgoutbox_core::testing::RecordingPublisher;
-use pgoutbox_core::{Event, NewEvent, Outcome, PublishError, Publisher, Relay, RelayConfig, Store};
+use pgoutbox_core::{Event, NewEvent, Outcome, PublishError, Publisher, Relay, Store};
 use pgoutbox_postgres::testing::TestOutbox;
 use pgoutbox_postgres::{Error, PgStore, StoreConfig, Tables};
 use uuid::Uuid;
@@ -76,12 +76,12 @@ async fn four_relays_publish_twenty_thousand_events_exactly_once() {
 async fn backlog_is_drained_without_waiting_for_poll_ticks() {
     let db = TestOutbox::new().await.unwrap();
     fill(&db, 1000, 1).await;
-    let relay = Relay::new(db.store(), RecordingPublisher::new()).with_config(RelayConfig {
-        batch_size: 100,
+    let relay = Relay::new(db.store(), RecordingPublisher::new()).with_config(
         // Only back-to-back claims can drain 10 batches within the test's time.
-        poll_interval: Duration::from_secs(3600),
-        ..fast_config()
-    });
+        fast_config()
+            .batch_size(100)
+            .poll_interval(Duration::from_secs(3600)),
+    );
     tokio::time::timeout(
         Duration::from_secs(60),
         relay.run(drained(db.store(), Duration::from_secs(60))),
@@ -162,10 +162,8 @@ async fn shutdown_returns_promptly_and_loses_nothing() {
     let publisher = Arc::new(SlowPublisher {
         inner: RecordingPublisher::new(),
     });
-    let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(RelayConfig {
-        batch_size: 50,
-        ..fast_config()
-    });
+    let relay =
+        Relay::new(db.store(), Arc::clone(&publisher)).with_config(fast_config().batch_size(50));
     let started = std::time::Instant::now();
     relay
         .run(tokio::time::sleep(Duration::from_millis(250)))

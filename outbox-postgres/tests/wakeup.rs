@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{drained, event, fast_config, remaining};
 use pgoutbox_core::testing::RecordingPublisher;
-use pgoutbox_core::{Claim, Relay, RelayConfig, Store};
+use pgoutbox_core::{Claim, Relay, Store};
 use pgoutbox_postgres::testing::TestOutbox;
 use pgoutbox_postgres::{install_notify_trigger, remove_notify_trigger, StoreConfig, Wakeup};
 
@@ -59,10 +59,9 @@ async fn adaptive_polling_does_not_wake_for_events_not_due_yet() {
         let later = event("w", 0).not_before(chrono::Utc::now() + chrono::Duration::hours(1));
         db.outbox.enqueue(&mut tx, &later).await.unwrap();
         tx.commit().await.unwrap();
-        let store = db.store().with_config(pgoutbox_postgres::StoreConfig {
-            ordering,
-            ..Default::default()
-        });
+        let store = db
+            .store()
+            .with_config(pgoutbox_postgres::StoreConfig::default().ordering(ordering));
         let waited =
             tokio::time::timeout(Duration::from_millis(500), store.wait_for_events(FOREVER)).await;
         assert!(
@@ -136,10 +135,8 @@ async fn relays_with_an_hour_poll_interval_publish_new_events_in_every_mode() {
         }
         let store = db.store().with_wakeup(wakeup.clone());
         let publisher = Arc::new(RecordingPublisher::new());
-        let relay = Relay::new(store, Arc::clone(&publisher)).with_config(RelayConfig {
-            poll_interval: FOREVER,
-            ..fast_config()
-        });
+        let relay = Relay::new(store, Arc::clone(&publisher))
+            .with_config(fast_config().poll_interval(FOREVER));
         let produce = async {
             // The relay is idle by now: only its wake-up can bring it back.
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -163,10 +160,9 @@ async fn synchronous_record_commits_still_drain() {
     for n in 0..50 {
         commit_one(&db, n).await;
     }
-    let store = db.store().with_config(StoreConfig {
-        synchronous_commit: true,
-        ..StoreConfig::default()
-    });
+    let store = db
+        .store()
+        .with_config(StoreConfig::default().synchronous_commit(true));
     let publisher = Arc::new(RecordingPublisher::new());
     let relay = Relay::new(store, Arc::clone(&publisher)).with_config(fast_config());
     relay

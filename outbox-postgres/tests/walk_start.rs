@@ -176,10 +176,9 @@ async fn a_dead_letter_retried_behind_the_walk_start_is_claimed_next_in_order() 
             .unwrap();
         let head = ids[0];
         let head_seq = seq_of(&db, head).await;
-        let store = db.store().with_config(StoreConfig {
-            after_dead_letter: policy,
-            ..StoreConfig::default()
-        });
+        let store = db
+            .store()
+            .with_config(StoreConfig::default().after_dead_letter(policy));
         let refuse = Arc::new(AtomicBool::new(true));
         let refusing = Arc::clone(&refuse);
         let publisher = RecordingPublisher::failing_when(move |e| {

@@ -184,13 +184,13 @@ pub(crate) struct FilterArgs {
 
 impl FilterArgs {
     fn filter(&self) -> DeadLetterFilter {
-        DeadLetterFilter {
-            event_type: self.event_type.clone(),
-            aggregate_type: self.aggregate_type.clone(),
-            aggregate_id: self.aggregate_id.clone(),
-            older_than: self.older_than,
-            ids: (!self.ids.is_empty()).then(|| self.ids.clone()),
-        }
+        let mut filter = DeadLetterFilter::default();
+        filter.event_type = self.event_type.clone();
+        filter.aggregate_type = self.aggregate_type.clone();
+        filter.aggregate_id = self.aggregate_id.clone();
+        filter.older_than = self.older_than;
+        filter.ids = (!self.ids.is_empty()).then(|| self.ids.clone());
+        filter
     }
 }
 

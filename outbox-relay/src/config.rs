@@ -655,32 +655,29 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
         ),
     };
 
-    let relay = RelayConfig {
-        batch_size: r.batch_size,
-        poll_interval: r.poll_interval.0,
-        publish_timeout: r.publish_timeout.0,
-        retry: RetryPolicy::default()
-            .max_attempts(retry.max_attempts)
-            .base_delay(retry.base_delay.0)
-            .max_delay(retry.max_delay.0),
-        workers: r.workers,
-        pending_refresh: r.pending_refresh.0,
-        error_backoff: r.error_backoff.0,
-        broker_probe_min: RelayConfig::default()
-            .broker_probe_min
-            .min(r.broker_probe_max.0),
-        broker_probe_max: r.broker_probe_max.0,
-        event_type_labels: r.event_type_labels,
+    // Both structs are `#[non_exhaustive]`: start from the defaults, set what the file maps.
+    let mut relay = RelayConfig::default();
+    relay.batch_size = r.batch_size;
+    relay.poll_interval = r.poll_interval.0;
+    relay.publish_timeout = r.publish_timeout.0;
+    relay.retry = RetryPolicy::default()
+        .max_attempts(retry.max_attempts)
+        .base_delay(retry.base_delay.0)
+        .max_delay(retry.max_delay.0);
+    relay.workers = r.workers;
+    relay.pending_refresh = r.pending_refresh.0;
+    relay.error_backoff = r.error_backoff.0;
+    relay.broker_probe_min = relay.broker_probe_min.min(r.broker_probe_max.0);
+    relay.broker_probe_max = r.broker_probe_max.0;
+    relay.event_type_labels = r.event_type_labels;
+    let mut store = StoreConfig::default();
+    store.ordering = r.ordering;
+    store.after_dead_letter = match r.after_dead_letter {
+        AfterDead::Release => AfterDeadLetter::Release,
+        AfterDead::Block => AfterDeadLetter::Block,
     };
-    let store = StoreConfig {
-        ordering: r.ordering,
-        after_dead_letter: match r.after_dead_letter {
-            AfterDead::Release => AfterDeadLetter::Release,
-            AfterDead::Block => AfterDeadLetter::Block,
-        },
-        retention: file.retention.published.0,
-        synchronous_commit: r.synchronous_commit,
-    };
+    store.retention = file.retention.published.0;
+    store.synchronous_commit = r.synchronous_commit;
     let wakeup = match r.wakeup {
         WakeupMode::Adaptive => Wakeup::adaptive(),
         WakeupMode::Poll => Wakeup::FixedPoll,

@@ -121,6 +121,7 @@ pub(crate) fn attribute_value(value: String) -> Option<MessageAttributeValue> {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Received {
     /// The event id: record it in the consumer's inbox to skip duplicates.
     pub event_id: Uuid,
@@ -217,21 +218,13 @@ mod tests {
     use super::*;
 
     fn event(headers: &[(&str, &str)]) -> Event {
-        Event {
-            id: Uuid::now_v7(),
-            seq: 1,
-            aggregate_type: "order".into(),
-            aggregate_id: "1".into(),
-            event_type: "order.created".into(),
-            payload: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
-            headers: headers
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            destination: None,
-            created_at: Utc::now(),
-            attempts: 0,
-        }
+        let payload = serde_json::value::RawValue::from_string("{}".into()).unwrap();
+        let mut event = Event::new(Uuid::now_v7(), "order", "1", "order.created", payload);
+        event.headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        event
     }
 
     fn round_trip(e: &Event) -> Received {

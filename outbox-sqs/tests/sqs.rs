@@ -7,10 +7,8 @@ use std::time::Duration;
 
 use common::{closed_port, create_queue, read, unique};
 use pgoutbox_core::conformance::event;
-use pgoutbox_core::{
-    Event, FailureKind, NewEvent, Outcome, Publisher, Relay, RelayConfig, RetryPolicy, Store,
-};
-use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_core::{Event, FailureKind, NewEvent, Outcome, Publisher, Relay, Store};
+use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
 use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
 use pgoutbox_sqs::aws_sdk_sqs::types::MessageSystemAttributeName;
 use pgoutbox_sqs::{Received, SqsConfig};
@@ -142,19 +140,6 @@ async fn missing_and_invalid_queues_fail_permanently() {
     publisher.check().await.unwrap();
 }
 
-fn relay_config() -> RelayConfig {
-    RelayConfig {
-        batch_size: 50,
-        poll_interval: Duration::from_millis(50),
-        publish_timeout: Duration::from_secs(30),
-        retry: RetryPolicy::default()
-            .max_attempts(100)
-            .base_delay(Duration::from_millis(100))
-            .max_delay(Duration::from_millis(300)),
-        ..RelayConfig::default()
-    }
-}
-
 /// Run the relay until the outbox is empty, at most `limit`.
 async fn drain<S: Store, P: Publisher>(relay: &Relay<S, P>, limit: Duration) {
     pgoutbox_core::testing::drain(relay, limit)
@@ -189,7 +174,7 @@ async fn end_to_end_fifo_keeps_group_order() {
         tx.commit().await.unwrap();
     }
     let client = publisher.client().clone();
-    let relay = Relay::new(db.store(), publisher).with_config(relay_config());
+    let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
     drain(&relay, Duration::from_secs(60)).await;
     let messages = read(&client, &url, sent.len(), Duration::from_secs(20)).await;
     assert_eq!(
@@ -238,7 +223,7 @@ async fn oversize_entry_dead_letters_alone() {
     tx.commit().await.unwrap();
 
     let client = publisher.client().clone();
-    let relay = Relay::new(db.store(), publisher).with_config(relay_config());
+    let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
     drain(&relay, Duration::from_secs(60)).await;
     let dead = DeadLetters::new(db.pool.clone(), &db.outbox);
     assert_eq!(dead.count(&DeadLetterFilter::default()).await.unwrap(), 1);
@@ -288,7 +273,7 @@ async fn broker_outage_keeps_events_until_recovery() {
         .build()
         .await
         .unwrap();
-    let relay = Relay::new(db.store(), down).with_config(relay_config());
+    let relay = Relay::new(db.store(), down).with_config(broker_relay_config());
     let report = relay.run_once().await.unwrap();
     // No answer from the endpoint: an outage, which counts no attempt.
     assert_eq!((report.retried, report.deferred), (0, 8), "{report:?}");
@@ -312,7 +297,7 @@ async fn broker_outage_keeps_events_until_recovery() {
 
     // Back up: the same outbox drains to the real endpoint.
     let client = up.client().clone();
-    let relay = Relay::new(db.store(), up).with_config(relay_config());
+    let relay = Relay::new(db.store(), up).with_config(broker_relay_config());
     drain(&relay, Duration::from_secs(60)).await;
     let got: HashSet<Uuid> = ids(&read(&client, &url, sent.len(), Duration::from_secs(20)).await)
         .into_iter()

@@ -35,17 +35,17 @@ pub async fn fill(db: &TestOutbox, aggregates: usize, per_aggregate: usize) -> V
 
 /// A relay configuration for tests: quick polling, quick retries.
 pub fn fast_config() -> RelayConfig {
-    RelayConfig {
-        batch_size: 100,
-        poll_interval: Duration::from_millis(10),
-        retry: RetryPolicy::default()
-            .max_attempts(50)
-            .base_delay(Duration::from_millis(1))
-            .max_delay(Duration::from_millis(5)),
-        pending_refresh: Duration::from_millis(200),
-        error_backoff: Duration::from_millis(20),
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .batch_size(100)
+        .poll_interval(Duration::from_millis(10))
+        .retry(
+            RetryPolicy::default()
+                .max_attempts(50)
+                .base_delay(Duration::from_millis(1))
+                .max_delay(Duration::from_millis(5)),
+        )
+        .pending_refresh(Duration::from_millis(200))
+        .error_backoff(Duration::from_millis(20))
 }
 
 /// Resolves once the store has nothing pending (or after `limit`, then the test's

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 mod broker_health;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
@@ -23,6 +24,9 @@ pub mod testing;
 pub mod trace_context;
 mod waves;
 
+pub use admin::{
+    DeadLetter, DeadLetterAdmin, DeadLetterFilter, OutboxStats, RetentionAdmin, StatsAdmin,
+};
 pub use broker_health::{BrokerHealth, BrokerStatus};
 pub use envelope::DecodeError;
 pub use event::{Event, EventError, Headers, NewEvent, TypedEvent, TRACEPARENT};

@@ -1,7 +1,8 @@
 //! The storage side of the relay: claim a batch, then record what happened to each event.
 //!
 //! Claim and record are the only capabilities the relay needs; administration
-//! (dead letters, cleanup, statistics) lives in separate traits of the store crates.
+//! (dead letters, cleanup, statistics) lives in the separate traits of
+//! [`crate::admin`], which a store implements when it can.
 
 use std::future::Future;
 use std::time::Duration;

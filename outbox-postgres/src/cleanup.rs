@@ -111,3 +111,24 @@ impl Cleanup {
         }
     }
 }
+
+/// The binary's `cleanup` command goes through this trait.
+impl pgoutbox_core::RetentionAdmin for Cleanup {
+    async fn delete_published_older_than(
+        &self,
+        age: Duration,
+    ) -> std::result::Result<u64, pgoutbox_core::StoreError> {
+        self.processed_older_than(age)
+            .await
+            .map_err(pgoutbox_core::StoreError::backend)
+    }
+
+    async fn delete_inbox_older_than(
+        &self,
+        age: Duration,
+    ) -> std::result::Result<u64, pgoutbox_core::StoreError> {
+        self.inbox_older_than(age)
+            .await
+            .map_err(pgoutbox_core::StoreError::backend)
+    }
+}

@@ -1,10 +1,8 @@
 //! Dead-letter administration: count, list, show, retry, purge.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use pgoutbox_core::Event;
+use pgoutbox_core::{DeadLetter, DeadLetterAdmin, DeadLetterFilter, StoreError};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgPool, Postgres, Row};
@@ -15,83 +13,17 @@ use crate::error::Result;
 use crate::row;
 use crate::sql::Sql;
 
-/// Which dead letters an operation applies to. Every field set narrows the
-/// selection; the default selects all dead letters.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DeadLetterFilter {
-    /// Only this event type.
-    pub event_type: Option<String>,
-    /// Only this aggregate type.
-    pub aggregate_type: Option<String>,
-    /// Only this aggregate id.
-    pub aggregate_id: Option<String>,
-    /// Only events dead-lettered longer ago than this.
-    pub older_than: Option<Duration>,
-    /// Only these event ids.
-    pub ids: Option<Vec<Uuid>>,
-}
-
-impl DeadLetterFilter {
-    /// Only the event with this id.
-    pub fn id(id: Uuid) -> Self {
-        Self {
-            ids: Some(vec![id]),
-            ..Self::default()
-        }
-    }
-
-    /// Narrow to this event type.
-    #[must_use]
-    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
-        self.event_type = Some(event_type.into());
-        self
-    }
-
-    /// Narrow to this aggregate type.
-    #[must_use]
-    pub fn aggregate_type(mut self, aggregate_type: impl Into<String>) -> Self {
-        self.aggregate_type = Some(aggregate_type.into());
-        self
-    }
-
-    /// Narrow to this aggregate id.
-    #[must_use]
-    pub fn aggregate_id(mut self, aggregate_id: impl Into<String>) -> Self {
-        self.aggregate_id = Some(aggregate_id.into());
-        self
-    }
-
-    /// Narrow to events dead-lettered longer ago than `age`.
-    #[must_use]
-    pub fn older_than(mut self, age: Duration) -> Self {
-        self.older_than = Some(age);
-        self
-    }
-
-    fn bind<'q>(
-        &'q self,
-        query: Query<'q, Postgres, PgArguments>,
-    ) -> Query<'q, Postgres, PgArguments> {
-        query
-            .bind(self.event_type.as_deref())
-            .bind(self.aggregate_type.as_deref())
-            .bind(self.aggregate_id.as_deref())
-            .bind(self.older_than.map(|d| d.as_secs_f64()))
-            .bind(self.ids.as_deref())
-    }
-}
-
-/// A dead-lettered event with why and when it died.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct DeadLetter {
-    /// The event (attempts = attempts made).
-    pub event: Event,
-    /// The last publish error.
-    pub last_error: Option<String>,
-    /// When it was dead-lettered.
-    pub dead_at: DateTime<Utc>,
+/// Bind `filter`'s fields as the parameters `$1..$5` of a dead-letter statement.
+fn bind_filter<'q>(
+    filter: &'q DeadLetterFilter,
+    query: Query<'q, Postgres, PgArguments>,
+) -> Query<'q, Postgres, PgArguments> {
+    query
+        .bind(filter.event_type.as_deref())
+        .bind(filter.aggregate_type.as_deref())
+        .bind(filter.aggregate_id.as_deref())
+        .bind(filter.older_than.map(|d| d.as_secs_f64()))
+        .bind(filter.ids.as_deref())
 }
 
 /// Administration of the dead letters of one outbox.
@@ -127,11 +59,11 @@ impl DeadLetters {
             .await?;
         rows.iter()
             .map(|r| {
-                Ok(DeadLetter {
-                    event: row::event(r)?,
-                    last_error: row::get(r, row::column::dead::LAST_ERROR)?,
-                    dead_at: row::get(r, row::column::dead::DEAD_AT)?,
-                })
+                Ok(DeadLetter::new(
+                    row::event(r)?,
+                    row::get(r, row::column::dead::LAST_ERROR)?,
+                    row::get(r, row::column::dead::DEAD_AT)?,
+                ))
             })
             .collect()
     }
@@ -170,7 +102,7 @@ impl DeadLetters {
         filter: &DeadLetterFilter,
         limit: Option<i64>,
     ) -> Result<Vec<PgRow>> {
-        let mut query = filter.bind(sqlx::query(statement).persistent(self.persistent));
+        let mut query = bind_filter(filter, sqlx::query(statement).persistent(self.persistent));
         if let Some(limit) = limit {
             query = query.bind(limit);
         }
@@ -188,5 +120,42 @@ impl DeadLetters {
             None => 0,
         };
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+/// The binary's `dead-letters` commands go through this trait.
+impl DeadLetterAdmin for DeadLetters {
+    async fn count(&self, filter: &DeadLetterFilter) -> std::result::Result<u64, StoreError> {
+        DeadLetters::count(self, filter)
+            .await
+            .map_err(StoreError::backend)
+    }
+
+    async fn list(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: u32,
+    ) -> std::result::Result<Vec<DeadLetter>, StoreError> {
+        DeadLetters::list(self, filter, limit)
+            .await
+            .map_err(StoreError::backend)
+    }
+
+    async fn show(&self, id: Uuid) -> std::result::Result<Option<DeadLetter>, StoreError> {
+        DeadLetters::show(self, id)
+            .await
+            .map_err(StoreError::backend)
+    }
+
+    async fn retry(&self, filter: &DeadLetterFilter) -> std::result::Result<u64, StoreError> {
+        DeadLetters::retry(self, filter)
+            .await
+            .map_err(StoreError::backend)
+    }
+
+    async fn purge(&self, filter: &DeadLetterFilter) -> std::result::Result<u64, StoreError> {
+        DeadLetters::purge(self, filter)
+            .await
+            .map_err(StoreError::backend)
     }
 }

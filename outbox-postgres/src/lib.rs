@@ -21,18 +21,19 @@ mod wakeup;
 mod walk_start;
 
 pub use cleanup::Cleanup;
-pub use dead_letters::{DeadLetter, DeadLetterFilter, DeadLetters};
+pub use dead_letters::DeadLetters;
 pub use enqueue::{enqueue, Outbox};
 pub use error::{Error, Result};
 pub use ident::Ident;
 pub use inbox::{Inbox, InboxError, Processed};
 pub use migrate::{inbox_script, migrate, migrate_inbox, migration_script, unapplied_migrations};
+/// The administration types, defined in the core crate (any store can offer them).
+pub use pgoutbox_core::admin::{DeadLetter, DeadLetterFilter, OutboxStats};
 pub use pooler::pooler_options;
 pub use sql::AfterDeadLetter;
 /// The sqlx this crate is built with (0.8): your transactions must be of the same
 /// version to be passed to [`Outbox::enqueue`]; use this one or depend on `sqlx = "0.8"`.
 pub use sqlx;
-pub use stats::OutboxStats;
 pub use store::{ClaimSql, PgClaim, PgStore, Retention, StoreConfig};
 pub use tables::Tables;
 pub use wakeup::{install_notify_trigger, remove_notify_trigger, Wakeup};

@@ -2,29 +2,11 @@
 
 use std::time::Duration;
 
+use pgoutbox_core::{OutboxStats, StatsAdmin, StoreError};
 use sqlx::Row;
 
 use crate::error::Result;
 use crate::store::PgStore;
-
-/// Counts describing an outbox at one instant.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub struct OutboxStats {
-    /// Events waiting to be published (due or scheduled later, not dead).
-    pub pending: u64,
-    /// Pending events not due yet (backing off after a failure, or delayed).
-    pub scheduled: u64,
-    /// Dead letters.
-    pub dead_letters: u64,
-    /// Age of the oldest pending event.
-    pub oldest_pending_age: Duration,
-    /// Events published in the last hour (only counted with [`crate::Retention::Keep`]).
-    pub processed_last_hour: u64,
-    /// Aggregates held back (ordering on): their oldest event is backing off after a
-    /// failure, delayed, or a dead letter that blocks them; their later events wait.
-    pub held_aggregates: u64,
-}
 
 impl PgStore {
     /// Count pending, scheduled, dead and recently published events (one table scan)
@@ -41,14 +23,14 @@ impl PgStore {
         let count =
             |i: usize| -> Result<u64> { Ok(u64::try_from(row.try_get::<i64, _>(i)?).unwrap_or(0)) };
         let age: f64 = row.try_get(3)?;
-        Ok(OutboxStats {
-            pending: count(0)?,
-            scheduled: count(1)?,
-            dead_letters: count(2)?,
-            oldest_pending_age: Duration::try_from_secs_f64(age.max(0.0)).unwrap_or_default(),
-            processed_last_hour: count(4)?,
-            held_aggregates: count(5)?,
-        })
+        let mut stats = OutboxStats::default();
+        stats.pending = count(0)?;
+        stats.scheduled = count(1)?;
+        stats.dead_letters = count(2)?;
+        stats.oldest_pending_age = Duration::try_from_secs_f64(age.max(0.0)).unwrap_or_default();
+        stats.processed_last_hour = count(4)?;
+        stats.held_aggregates = count(5)?;
+        Ok(stats)
     }
 
     /// Due events claimed by relays right now, or `None` when more than `limit` are
@@ -89,5 +71,12 @@ impl PgStore {
             .await?;
         tx.rollback().await?;
         Ok(Some(u64::try_from(due - unlocked).unwrap_or(0)))
+    }
+}
+
+/// The binary's `stats` command and gauges go through this trait.
+impl StatsAdmin for PgStore {
+    async fn stats(&self) -> std::result::Result<OutboxStats, StoreError> {
+        PgStore::stats(self).await.map_err(StoreError::backend)
     }
 }

@@ -3,9 +3,8 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use pgoutbox_postgres::{
-    Cleanup, DeadLetter, DeadLetterFilter, DeadLetters, PgStore, Retention, Wakeup,
-};
+use pgoutbox_core::{DeadLetter, DeadLetterAdmin, DeadLetterFilter, StatsAdmin};
+use pgoutbox_postgres::{Cleanup, DeadLetters, PgStore, Retention, Wakeup};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -96,7 +95,9 @@ pub(crate) async fn migrate(settings: &Settings, args: &MigrateArgs) -> Result<(
 pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Failure> {
     let pool = connect_migrated(settings).await?;
     let store = PgStore::new(pool.clone(), settings.tables.clone());
-    let stats = store.stats().await.map_err(failure::db("stats"))?;
+    let stats = StatsAdmin::stats(&store)
+        .await
+        .map_err(failure::store("stats"))?;
     let in_flight = store
         .in_flight(IN_FLIGHT_PROBE_LIMIT)
         .await
@@ -139,9 +140,9 @@ pub(crate) async fn cleanup(settings: &Settings) -> Result<(), Failure> {
     let store = PgStore::new(pool.clone(), settings.tables.clone());
     let cleanup = Cleanup::new(pool.clone(), store.outbox())
         .with_batch_size(settings.retention.cleanup_batch_size);
-    let (events, inbox) = crate::serve::clean_once(&cleanup, &settings.retention)
+    let (events, inbox) = crate::serve::clean_once(&cleanup, &cleanup.name(), &settings.retention)
         .await
-        .map_err(failure::db("cleanup"))?;
+        .map_err(failure::store("cleanup"))?;
     match settings.retention.published {
         Retention::Keep(age) => println!(
             "deleted {events} published event(s) older than {}",
@@ -274,7 +275,7 @@ pub(crate) async fn dead_letters(
 }
 
 async fn list(
-    admin: &DeadLetters,
+    admin: &impl DeadLetterAdmin,
     filter: &DeadLetterFilter,
     limit: u32,
     as_json: bool,
@@ -282,11 +283,11 @@ async fn list(
     let total = admin
         .count(filter)
         .await
-        .map_err(failure::db("dead letters"))?;
+        .map_err(failure::store("dead letters"))?;
     let letters = admin
         .list(filter, limit)
         .await
-        .map_err(failure::db("dead letters"))?;
+        .map_err(failure::store("dead letters"))?;
     if as_json {
         for letter in &letters {
             println!("{}", to_json(letter));
@@ -326,11 +327,16 @@ fn shown_payload(payload: &str, limit: usize) -> String {
     )
 }
 
-async fn show(admin: &DeadLetters, id: Uuid, as_json: bool, full: bool) -> Result<(), Failure> {
+async fn show(
+    admin: &impl DeadLetterAdmin,
+    id: Uuid,
+    as_json: bool,
+    full: bool,
+) -> Result<(), Failure> {
     let letter = admin
         .show(id)
         .await
-        .map_err(failure::db("dead letters"))?
+        .map_err(failure::store("dead letters"))?
         .ok_or_else(|| Failure::runtime(format!("no dead letter with id {id}")))?;
     if as_json {
         println!("{}", to_json(&letter));
@@ -366,7 +372,7 @@ enum Change {
 }
 
 async fn change(
-    admin: &DeadLetters,
+    admin: &impl DeadLetterAdmin,
     filter: &DeadLetterFilter,
     change: Change,
     dry_run: bool,
@@ -379,7 +385,7 @@ async fn change(
     let n = admin
         .count(filter)
         .await
-        .map_err(failure::db("dead letters"))?;
+        .map_err(failure::store("dead letters"))?;
     if n == 0 {
         println!("no dead letters match; nothing to {verb}");
         return Ok(());
@@ -387,7 +393,7 @@ async fn change(
     let preview = admin
         .list(filter, PREVIEW)
         .await
-        .map_err(failure::db("dead letters"))?;
+        .map_err(failure::store("dead letters"))?;
     if dry_run {
         print_table(&preview);
         if n > preview.len() as u64 {
@@ -407,7 +413,7 @@ async fn change(
         Change::Retry => admin.retry(filter).await,
         Change::Purge => admin.purge(filter).await,
     }
-    .map_err(failure::db(verb))?;
+    .map_err(failure::store(verb))?;
     println!("{affected} dead letter(s) {done}");
     Ok(())
 }

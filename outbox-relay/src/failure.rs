@@ -50,3 +50,8 @@ impl fmt::Display for Failure {
 pub(crate) fn db(what: &str) -> impl Fn(pgoutbox_postgres::Error) -> Failure + '_ {
     move |e| Failure::runtime(format!("{what}: {e}"))
 }
+
+/// A store error (any store's administration) while doing `what`.
+pub(crate) fn store(what: &str) -> impl Fn(pgoutbox_core::StoreError) -> Failure + '_ {
+    move |e| Failure::runtime(format!("{what}: {e}"))
+}

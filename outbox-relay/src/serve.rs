@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgoutbox_core::Relay;
+use pgoutbox_core::{Relay, RetentionAdmin, StoreError};
 use pgoutbox_postgres::{Cleanup, PgStore, Retention};
 use tokio::sync::watch;
 
@@ -213,7 +213,7 @@ async fn clean_periodically(
             () = &mut stop => return,
             () = tokio::time::sleep(retention.cleanup_interval) => {}
         }
-        match clean_once(&cleanup, &retention).await {
+        match clean_once(&cleanup, &cleanup.name(), &retention).await {
             Ok((events, inbox)) if events + inbox > 0 => {
                 tracing::info!(events, inbox, "retention cleanup deleted rows");
             }
@@ -224,19 +224,21 @@ async fn clean_periodically(
 }
 
 /// One retention pass: (published rows deleted, inbox records deleted).
+/// `outbox` names the outbox in the deletion counter's label.
 pub(crate) async fn clean_once(
-    cleanup: &Cleanup,
+    cleanup: &impl RetentionAdmin,
+    outbox: &str,
     retention: &crate::config::RetentionSettings,
-) -> Result<(u64, u64), pgoutbox_postgres::Error> {
+) -> Result<(u64, u64), StoreError> {
     let events = match retention.published {
-        Retention::Keep(age) => cleanup.processed_older_than(age).await?,
+        Retention::Keep(age) => cleanup.delete_published_older_than(age).await?,
         Retention::Delete => 0,
     };
     let inbox = match retention.inbox {
-        Some(age) => cleanup.inbox_older_than(age).await?,
+        Some(age) => cleanup.delete_inbox_older_than(age).await?,
         None => 0,
     };
-    metrics::counter!(exporter::CLEANUP_DELETED, "outbox" => cleanup.name())
+    metrics::counter!(exporter::CLEANUP_DELETED, "outbox" => outbox.to_string())
         .increment(events + inbox);
     Ok((events, inbox))
 }

@@ -1,0 +1,302 @@
+//! The `outbox` binary publishing to each real broker (NATS has its own tests in
+//! `binary.rs`): RabbitMQ, Kafka (tansu, `OUTBOX_TANSU_BROKERS`) and SQS (moto,
+//! `OUTBOX_SQS_ENDPOINT`), configured by the file's `[broker.<kind>]` section as an
+//! operator writes it. Every event arrives once, each aggregate's in insertion order,
+//! read back with the adapter's consumer helper.
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{command, dead_count, wait_until_drained, Config, RelayProcess};
+use pgoutbox_core::NewEvent;
+use pgoutbox_postgres::testing::TestOutbox;
+use uuid::Uuid;
+
+/// Aggregates and events per aggregate the tests enqueue.
+const AGGREGATES: usize = 6;
+const PER_AGGREGATE: usize = 10;
+
+/// What a test script exported; a missing one fails the test with how to get it.
+#[allow(dead_code)] // not every broker feature is compiled in every build
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with scripts/test.sh, which exports it")
+    })
+}
+
+/// `AGGREGATES x PER_AGGREGATE` events committed in one transaction, interleaved
+/// across aggregates; returns each aggregate's ids in insertion order.
+async fn enqueue(outbox: &TestOutbox) -> HashMap<String, Vec<Uuid>> {
+    let events: Vec<NewEvent> = (0..AGGREGATES * PER_AGGREGATE)
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("o-{}", i % AGGREGATES),
+                "order.created",
+                &serde_json::json!({ "n": i }),
+            )
+        })
+        .collect();
+    outbox.enqueue_committed(&events).await.unwrap();
+    let mut runs: HashMap<String, Vec<Uuid>> = HashMap::new();
+    for event in &events {
+        runs.entry(event.aggregate_id.clone())
+            .or_default()
+            .push(event.id);
+    }
+    runs
+}
+
+/// The broker's messages as (aggregate id, event id) in arrival order: every event
+/// once, and each aggregate's in insertion order.
+fn assert_delivered(received: &[(String, Uuid)], runs: &HashMap<String, Vec<Uuid>>) {
+    let total: usize = runs.values().map(Vec::len).sum();
+    assert_eq!(received.len(), total, "messages received: {received:?}");
+    for (aggregate, ids) in runs {
+        let arrived: Vec<Uuid> = received
+            .iter()
+            .filter(|(a, _)| a == aggregate)
+            .map(|(_, id)| *id)
+            .collect();
+        assert_eq!(&arrived, ids, "aggregate {aggregate}: arrival order");
+    }
+}
+
+/// Enqueue the test's events in a fresh outbox, run the binary with `broker`
+/// appended to a test config until the outbox is drained, then stop it with
+/// SIGTERM: it must exit cleanly with no dead letter. Returns the outbox and each
+/// aggregate's ids in insertion order.
+async fn publish_through_binary(
+    broker: &str,
+    env: &[(&str, &str)],
+) -> (TestOutbox, HashMap<String, Vec<Uuid>>) {
+    let outbox = TestOutbox::new().await.unwrap();
+    let runs = enqueue(&outbox).await;
+    let base = Config::for_schema(outbox.tables.schema().as_str(), "0");
+    let text = std::fs::read_to_string(&base.path)
+        .unwrap()
+        .replace("[broker]\nkind = \"stdout\"\n", "");
+    let config = Config::new(&format!("{text}\n{broker}"));
+    let mut cmd = command(&config.path, &["relay"]);
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    let relay = RelayProcess::spawn(cmd);
+    let log = relay.log();
+    wait_until_drained(&outbox, Duration::from_secs(60)).await;
+    let (status, _) = relay.terminate(Duration::from_secs(25));
+    assert!(status.success(), "{}", log.lines().join("\n"));
+    assert_eq!(dead_count(&outbox).await, 0, "{}", log.lines().join("\n"));
+    (outbox, runs)
+}
+
+#[cfg(feature = "amqp")]
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_publishes_to_rabbitmq() {
+    use pgoutbox_amqp::lapin::options::{
+        BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions,
+        QueueDeclareOptions,
+    };
+    use pgoutbox_amqp::lapin::types::FieldTable;
+    use pgoutbox_amqp::lapin::{Connection, ConnectionProperties, ExchangeKind};
+    use pgoutbox_amqp::Metadata;
+
+    let url = env("OUTBOX_AMQP_URL");
+    let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
+    let exchange = format!("relaytest_{tag}");
+    // The operator declares the exchange and binds the consumers' queues.
+    let connection = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .exchange_declare(
+            &exchange,
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                auto_delete: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let queue = channel
+        .queue_declare(
+            "",
+            QueueDeclareOptions {
+                exclusive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            queue.name().as_str(),
+            &exchange,
+            "#",
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+
+    let (outbox, runs) = publish_through_binary(
+        &format!("[broker]\nkind = \"amqp\"\n[broker.amqp]\nurl = \"{url}\"\nexchange = \"{exchange}\"\n"),
+        &[],
+    )
+    .await;
+
+    let mut received = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue.name().as_str(), BasicGetOptions::default())
+        .await
+        .unwrap()
+    {
+        let metadata = Metadata::from_delivery(&message.delivery).unwrap();
+        received.push((metadata.aggregate_id.clone(), metadata.id));
+        message
+            .delivery
+            .ack(BasicAckOptions::default())
+            .await
+            .unwrap();
+    }
+    assert_delivered(&received, &runs);
+    connection.close(0, "done").await.unwrap();
+    outbox.drop_schema().await.unwrap();
+}
+
+#[cfg(feature = "kafka")]
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_publishes_to_kafka_on_tansu() {
+    use pgoutbox_kafka::rdkafka::config::ClientConfig;
+    use pgoutbox_kafka::rdkafka::consumer::{Consumer, StreamConsumer};
+    use pgoutbox_kafka::{KafkaConfig, Received};
+
+    let brokers = env("OUTBOX_TANSU_BROKERS");
+    let topic = format!("relaytest-{}", &Uuid::new_v4().simple().to_string()[..12]);
+    // The operator creates the topic (tansu, like most managed clusters, creates none
+    // on first use).
+    KafkaConfig::new(&brokers)
+        .ensure_topic(&topic, 3, Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let (outbox, runs) = publish_through_binary(
+        &format!("[broker]\nkind = \"kafka\"\n[broker.kafka]\nbrokers = \"{brokers}\"\ntopic = \"{topic}\"\n"),
+        &[],
+    )
+    .await;
+
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", format!("{topic}-reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[&topic]).unwrap();
+    let total = AGGREGATES * PER_AGGREGATE;
+    let mut received = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while received.len() < total {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {total} messages read back",
+            received.len()
+        );
+        if let Ok(Ok(message)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await
+        {
+            let metadata = Received::from_message(&message).unwrap();
+            received.push((metadata.aggregate_id.clone(), metadata.event_id));
+        }
+    }
+    assert_delivered(&received, &runs);
+    outbox.drop_schema().await.unwrap();
+}
+
+#[cfg(feature = "sqs")]
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_publishes_to_sqs_on_moto() {
+    use pgoutbox_sqs::aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+    use pgoutbox_sqs::{Received, SqsConfig};
+
+    let endpoint = env("OUTBOX_SQS_ENDPOINT");
+    let queue = format!(
+        "relaytest-{}.fifo",
+        &Uuid::new_v4().simple().to_string()[..12]
+    );
+    // The operator creates the FIFO queue.
+    let admin = SqsConfig::new(&queue)
+        .endpoint(&endpoint)
+        .region("us-east-1")
+        .credentials("test", "test")
+        .build()
+        .await
+        .unwrap();
+    let client = admin.client().clone();
+    let queue_url = client
+        .create_queue()
+        .queue_name(&queue)
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+
+    let (outbox, runs) = publish_through_binary(
+        &format!(
+            "[broker]\nkind = \"sqs\"\n[broker.sqs]\nqueue = \"{queue}\"\nendpoint = \"{endpoint}\"\nregion = \"us-east-1\"\n"
+        ),
+        // Credentials come from the AWS SDK's usual chain; moto accepts any.
+        &[("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test")],
+    )
+    .await;
+
+    let total = AGGREGATES * PER_AGGREGATE;
+    let mut received = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while received.len() < total {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {total} messages read back",
+            received.len()
+        );
+        let got = client
+            .receive_message()
+            .queue_url(&queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .unwrap();
+        for message in got.messages() {
+            let metadata = Received::from_message(message).unwrap();
+            received.push((metadata.aggregate_id.clone(), metadata.event_id));
+            client
+                .delete_message()
+                .queue_url(&queue_url)
+                .receipt_handle(message.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    assert_delivered(&received, &runs);
+    client
+        .delete_queue()
+        .queue_url(&queue_url)
+        .send()
+        .await
+        .unwrap();
+    outbox.drop_schema().await.unwrap();
+}

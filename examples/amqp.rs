@@ -22,7 +22,7 @@ use pgoutbox::amqp::lapin::options::{
 };
 use pgoutbox::amqp::lapin::types::FieldTable;
 use pgoutbox::amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use pgoutbox::amqp::{AmqpConfig, Metadata};
+use pgoutbox::amqp::AmqpConfig;
 use pgoutbox::postgres::{Inbox, Outbox, PgStore};
 use pgoutbox::Relay;
 use sqlx::PgPool;
@@ -133,7 +133,7 @@ async fn consume(
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let meta = match Metadata::from_delivery(&message) {
+        let meta = match pgoutbox::amqp::metadata(&message) {
             Ok(meta) => meta,
             Err(error) => {
                 eprintln!("amqp: skipping a message: {error}");
@@ -149,14 +149,14 @@ async fn consume(
                 continue;
             }
         };
-        if order_service::process(inbox, pool, meta.id, || {
-            format!("{} event {}: {order}", meta.event_type, meta.id)
+        if order_service::process(inbox, pool, meta.event_id, || {
+            format!("{} event {}: {order}", meta.event_type, meta.event_id)
         })
         .await?
         {
             processed += 1;
         }
         message.ack(BasicAckOptions::default()).await?;
-        pending.consumed(meta.id);
+        pending.consumed(meta.event_id);
     }
 }

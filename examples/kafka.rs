@@ -22,7 +22,7 @@ use pgoutbox::kafka::rdkafka::config::ClientConfig;
 use pgoutbox::kafka::rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use pgoutbox::kafka::rdkafka::message::Message;
 use pgoutbox::kafka::rdkafka::mocking::MockCluster;
-use pgoutbox::kafka::{KafkaConfig, Received, ENV_BROKERS};
+use pgoutbox::kafka::{KafkaConfig, ENV_BROKERS};
 use pgoutbox::postgres::{Inbox, Outbox, PgStore};
 use pgoutbox::Relay;
 use sqlx::PgPool;
@@ -141,7 +141,7 @@ async fn consume(
                 continue;
             }
         };
-        let meta = match Received::from_message(&message) {
+        let meta = match pgoutbox::kafka::metadata(&message) {
             Ok(meta) => meta,
             Err(error) => {
                 eprintln!("kafka: skipping a message: {error}");

@@ -123,14 +123,14 @@ async fn consume(
                 continue;
             }
         };
-        if order_service::process(inbox, pool, meta.id, || {
-            format!("{} event {}: {order}", meta.event_type, meta.id)
+        if order_service::process(inbox, pool, meta.event_id, || {
+            format!("{} event {}: {order}", meta.event_type, meta.event_id)
         })
         .await?
         {
             processed += 1;
         }
         message.ack().await?;
-        pending.consumed(meta.id);
+        pending.consumed(meta.event_id);
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use pgoutbox::postgres::{Inbox, Outbox, PgStore};
 use pgoutbox::sqs::aws_sdk_sqs::types::QueueAttributeName;
-use pgoutbox::sqs::{Received, SqsConfig, ENV_ENDPOINT, ENV_QUEUE};
+use pgoutbox::sqs::{SqsConfig, ENV_ENDPOINT, ENV_QUEUE};
 use pgoutbox::Relay;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -147,7 +147,7 @@ async fn consume(
             }
         };
         for message in received.messages() {
-            let meta = match Received::from_message(message) {
+            let meta = match pgoutbox::sqs::metadata(message) {
                 Ok(meta) => meta,
                 Err(error) => {
                     eprintln!("sqs: skipping a message: {error}");

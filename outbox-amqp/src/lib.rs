@@ -9,8 +9,10 @@ mod routing;
 mod tls;
 
 pub use config::{AmqpConfig, DEFAULT_URL};
-pub use consumer::Metadata;
+pub use consumer::metadata;
 pub use error::{Error, Result};
+/// The outbox metadata of a received message: one type for every adapter.
+pub use pgoutbox_core::envelope::Metadata;
 pub use publisher::AmqpPublisher;
 pub use routing::{validate_exchange, AmqpRouting, Route, MAX_SHORT_STRING};
 

@@ -1,4 +1,5 @@
-//! The publisher conformance suite against the real RabbitMQ.
+//! The publisher conformance suite against the real RabbitMQ, on its own and
+//! through the relay and PostgreSQL.
 
 mod common;
 
@@ -7,3 +8,8 @@ use common::AmqpTarget;
 pgoutbox_core::conformance_tests!(AmqpTarget::new().await, |target: AmqpTarget| async move {
     target.delete().await
 });
+
+pgoutbox_postgres::relay_conformance_tests!(
+    AmqpTarget::new().await,
+    |target: AmqpTarget| async move { target.delete().await }
+);

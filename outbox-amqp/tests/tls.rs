@@ -48,7 +48,9 @@ async fn a_publisher_over_tls_with_a_password_file_delivers() {
     );
     let got = target.get(1, Duration::from_secs(10)).await;
     assert_eq!(
-        got.iter().map(|(meta, _)| meta.id).collect::<Vec<_>>(),
+        got.iter()
+            .map(|(meta, _)| meta.event_id)
+            .collect::<Vec<_>>(),
         vec![sent.id]
     );
     target.delete().await;

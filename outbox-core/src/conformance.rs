@@ -53,6 +53,7 @@ use serde::{Deserialize, Serialize};
 use crate::event::{Event, Headers, NewEvent, TypedEvent, TRACEPARENT};
 use crate::publisher::{FailureKind, Outcome, Publisher};
 
+pub mod memory;
 pub mod proxy;
 
 /// Error type of the target's methods: anything, shown in the panic message.
@@ -196,11 +197,16 @@ macro_rules! conformance_tests {
             unreachable_broker_is_unavailable,
         );
     };
-    (@checks $make:expr, $cleanup:expr; $($check:ident),* $(,)?) => {$(
+    (@checks $make:expr, $cleanup:expr; $($check:ident),* $(,)?) => {
+        $crate::conformance_tests!(@checks_of $crate; $make, $cleanup; $($check),*);
+    };
+    // One test per check function `$krate::conformance::<check>` (also used by
+    // `pgoutbox_postgres::relay_conformance_tests!` for its own checks).
+    (@checks_of $krate:tt; $make:expr, $cleanup:expr; $($check:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread")]
         async fn $check() {
             let target = $make;
-            $crate::conformance::$check(&target).await;
+            $krate::conformance::$check(&target).await;
             let cleanup = $cleanup;
             cleanup(target).await;
         }

@@ -10,7 +10,7 @@ use pgoutbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMess
 use pgoutbox_core::Event;
 use pgoutbox_kafka::rdkafka::consumer::StreamConsumer;
 use pgoutbox_kafka::rdkafka::message::Message;
-use pgoutbox_kafka::{KafkaConfig, KafkaPublisher, Received};
+use pgoutbox_kafka::{KafkaConfig, KafkaPublisher};
 
 const PARTITIONS: i32 = 3;
 
@@ -74,13 +74,13 @@ impl ConformanceTarget for Kafka {
             .await
         };
         for message in first.into_iter().chain(rest) {
-            let r = Received::from_message(&message)?;
+            let r = pgoutbox_kafka::metadata(&message)?;
             out.push(ReceivedMessage {
                 id: r.event_id,
                 event_type: r.event_type,
                 aggregate_type: r.aggregate_type,
                 aggregate_id: r.aggregate_id,
-                created_at: Some(r.created_at),
+                created_at: r.created_at,
                 payload: message.payload().unwrap_or_default().to_vec(),
                 headers: r.headers,
             });
@@ -106,9 +106,11 @@ impl ConformanceTarget for Kafka {
 mod mock_cluster {
     use super::Kafka;
     pgoutbox_core::conformance_tests!(Kafka::mock());
+    pgoutbox_postgres::relay_conformance_tests!(Kafka::mock());
 }
 
 mod tansu {
     use super::Kafka;
     pgoutbox_core::conformance_tests!(Kafka::tansu().await);
+    pgoutbox_postgres::relay_conformance_tests!(Kafka::tansu().await);
 }

@@ -5,96 +5,55 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, Message as JsMessage};
-use chrono::{DateTime, Utc};
+use chrono::DateTime;
 use futures_util::StreamExt;
-use pgoutbox_core::{envelope, Headers, TRACEPARENT};
+use pgoutbox_core::envelope::{self, Metadata};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::headers;
 
-/// The outbox metadata of a received message.
+/// The outbox metadata of a message published by [`crate::NatsPublisher`] (a
+/// JetStream message derefs to it), the same [`Metadata`] type as every adapter's.
+/// Errors name the missing or invalid header; an invalid creation time reads as
+/// absent.
 ///
 /// ```no_run
 /// # fn demo(message: &pgoutbox_nats::async_nats::Message) -> Result<(), pgoutbox_nats::Error> {
-/// let meta = pgoutbox_nats::Metadata::from_message(message)?;
-/// println!("{} {} of {}/{}", meta.id, meta.event_type, meta.aggregate_type, meta.aggregate_id);
+/// let meta = pgoutbox_nats::metadata(message)?;
+/// println!("{} {} of {}/{}", meta.event_id, meta.event_type, meta.aggregate_type, meta.aggregate_id);
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Metadata {
-    /// The event id: the dedup key for the consumer's inbox.
-    pub id: Uuid,
-    /// The event type.
-    pub event_type: String,
-    /// The aggregate type.
-    pub aggregate_type: String,
-    /// The aggregate id.
-    pub aggregate_id: String,
-    /// When the event was written, if the header is present and valid.
-    pub created_at: Option<DateTime<Utc>>,
-    /// The user headers, including `traceparent`, without the outbox's own headers.
-    pub headers: Headers,
-}
-
-impl Metadata {
-    /// Read the metadata from a message published by [`crate::NatsPublisher`]
-    /// (a JetStream message derefs to it). Errors name the missing or invalid header.
-    pub fn from_message(message: &async_nats::Message) -> Result<Self> {
-        let not_event = |reason: String| Error::NotAnEvent {
-            subject: message.subject.to_string(),
-            reason,
-        };
-        let Some(map) = &message.headers else {
-            return Err(not_event("it has no headers".into()));
-        };
-        // The last value of each header, as name/value pairs for the shared parser.
-        let mut pairs: Vec<(&str, &str)> = map
-            .iter()
-            .filter_map(|(name, values)| {
-                let value = values.last()?;
-                Some((AsRef::<str>::as_ref(name), AsRef::<str>::as_ref(value)))
-            })
-            .collect();
-        // JetStream's dedup header carries the id too, when the outbox header is gone.
-        if find(&pairs, headers::EVENT_ID).is_none() {
-            if let Some(id) = find(&pairs, headers::MSG_ID) {
-                pairs.push((headers::EVENT_ID, id));
-            }
+pub fn metadata(message: &async_nats::Message) -> Result<Metadata> {
+    let not_event = |reason: String| Error::NotAnEvent {
+        subject: message.subject.to_string(),
+        reason,
+    };
+    let Some(map) = &message.headers else {
+        return Err(not_event("it has no headers".into()));
+    };
+    // The last value of each header, as name/value pairs for the shared parser.
+    let mut pairs: Vec<(&str, &str)> = map
+        .iter()
+        .filter_map(|(name, values)| {
+            let value = values.last()?;
+            Some((AsRef::<str>::as_ref(name), AsRef::<str>::as_ref(value)))
+        })
+        .collect();
+    // JetStream's dedup header carries the id too, when the outbox header is gone.
+    if find(&pairs, headers::EVENT_ID).is_none() {
+        if let Some(id) = find(&pairs, headers::MSG_ID) {
+            pairs.push((headers::EVENT_ID, id));
         }
-        // The creation time is optional here: an invalid one reads as absent (`None`).
-        let valid_time = find(&pairs, headers::CREATED_AT)
-            .is_some_and(|t| DateTime::parse_from_rfc3339(t).is_ok());
-        if !valid_time {
-            pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(headers::CREATED_AT));
-        }
-        pairs.retain(|(k, _)| !headers::is_nats_reserved(k));
-        let meta = envelope::Metadata::from_headers(pairs).map_err(|e| not_event(e.to_string()))?;
-        let metadata = Self {
-            id: meta.event_id,
-            event_type: meta.event_type,
-            aggregate_type: meta.aggregate_type,
-            aggregate_id: meta.aggregate_id,
-            created_at: meta.created_at,
-            headers: meta.headers,
-        };
-        Ok(metadata)
     }
-
-    /// Read `body` (the message's payload) as `T`; an error names the event id and
-    /// type ([`pgoutbox_core::DecodeError`]).
-    pub fn decode<T: DeserializeOwned>(
-        &self,
-        body: &[u8],
-    ) -> std::result::Result<T, pgoutbox_core::DecodeError> {
-        pgoutbox_core::envelope::decode(self.id, &self.event_type, body)
+    // The creation time is optional here: an invalid one reads as absent (`None`).
+    let valid_time =
+        find(&pairs, headers::CREATED_AT).is_some_and(|t| DateTime::parse_from_rfc3339(t).is_ok());
+    if !valid_time {
+        pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(headers::CREATED_AT));
     }
-
-    /// The W3C `traceparent`, if the producer recorded one.
-    pub fn traceparent(&self) -> Option<&str> {
-        self.headers.get(TRACEPARENT).map(String::as_str)
-    }
+    pairs.retain(|(k, _)| !headers::is_nats_reserved(k));
+    envelope::Metadata::from_headers(pairs).map_err(|e| not_event(e.to_string()))
 }
 
 /// A JetStream message with its outbox metadata.
@@ -109,7 +68,7 @@ pub struct EventMessage {
 impl EventMessage {
     /// The event id.
     pub fn id(&self) -> Uuid {
-        self.metadata.id
+        self.metadata.event_id
     }
 
     /// The JSON payload.
@@ -218,7 +177,7 @@ impl EventConsumer {
 }
 
 async fn wrap(message: JsMessage) -> Result<EventMessage> {
-    match Metadata::from_message(&message) {
+    match metadata(&message) {
         Ok(metadata) => Ok(EventMessage { metadata, message }),
         Err(error) => {
             // Not ours: acknowledge so it does not come back forever.
@@ -263,13 +222,13 @@ mod tests {
 
     #[test]
     fn creation_time_is_read_or_absent_never_made_up() {
-        let dated = Metadata::from_message(&message(Some("2026-12-04T10:00:00Z"))).unwrap();
+        let dated = metadata(&message(Some("2026-12-04T10:00:00Z"))).unwrap();
         assert_eq!(
             dated.created_at.map(|t| t.to_rfc3339()),
             Some("2026-12-04T10:00:00+00:00".to_string())
         );
         for undated in [None, Some("yesterday")] {
-            let meta = Metadata::from_message(&message(undated)).unwrap();
+            let meta = metadata(&message(undated)).unwrap();
             assert_eq!(meta.created_at, None, "created_at header {undated:?}");
             assert_eq!(meta.aggregate_id, "42");
         }

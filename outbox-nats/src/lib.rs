@@ -11,8 +11,10 @@ pub mod testing;
 mod tls;
 
 pub use config::{NatsConfig, DEFAULT_URL};
-pub use consumer::{EventConsumer, EventMessage, Metadata};
+pub use consumer::{metadata, EventConsumer, EventMessage};
 pub use error::{Error, Result};
+/// The outbox metadata of a received message: one type for every adapter.
+pub use pgoutbox_core::envelope::Metadata;
 pub use publisher::{NatsPublisher, DEFAULT_DUPLICATE_WINDOW};
 pub use routing::{validate_subject, SubjectRouting};
 

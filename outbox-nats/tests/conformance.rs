@@ -1,4 +1,5 @@
-//! The publisher conformance suite against the real NATS server.
+//! The publisher conformance suite against the real NATS server, on its own and
+//! through the relay and PostgreSQL.
 
 mod common;
 
@@ -7,3 +8,8 @@ use common::NatsTarget;
 pgoutbox_core::conformance_tests!(NatsTarget::new().await, |target: NatsTarget| async move {
     target.delete().await
 });
+
+pgoutbox_postgres::relay_conformance_tests!(
+    NatsTarget::new().await,
+    |target: NatsTarget| async move { target.delete().await }
+);

@@ -70,69 +70,6 @@ fn events_table(test: &TestOutbox) -> String {
 }
 
 #[tokio::test]
-async fn events_from_postgres_reach_the_consumer_in_order() {
-    let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
-    let target = NatsTarget::new().await;
-    let publisher = target
-        .config(&common::nats_url())
-        .connect()
-        .await
-        .expect("connect");
-    let relay = Relay::new(test.store(), publisher).with_config(broker_relay_config());
-
-    let mut sent = Vec::new();
-    for tx in 0..3 {
-        let events: Vec<NewEvent> = (0..10)
-            .map(|i| {
-                NewEvent::new(
-                    "order",
-                    format!("o-{}", i % 2),
-                    "order.created",
-                    &serde_json::json!({"tx": tx, "i": i}),
-                )
-                .with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-            })
-            .collect();
-        enqueue(&test, &events).await;
-        sent.extend(events);
-    }
-    // A rolled-back transaction publishes nothing.
-    let mut tx = test.pool.begin().await.expect("begin");
-    let ghost = NewEvent::new("order", "o-0", "order.created", &serde_json::json!({}));
-    test.outbox.enqueue(&mut tx, &ghost).await.expect("enqueue");
-    tx.rollback().await.expect("rollback");
-
-    let ids: Vec<Uuid> = sent.iter().map(|e| e.id).collect();
-    let (order, counts) = with_relay(&relay, receive_all(&target, &ids)).await;
-    assert!(
-        counts.values().all(|&n| n == 1),
-        "each event once: {counts:?}"
-    );
-    assert!(
-        !counts.contains_key(&ghost.id),
-        "rolled-back event published"
-    );
-    assert_eq!(counts.len(), ids.len());
-    for agg in ["o-0", "o-1"] {
-        let expected: Vec<Uuid> = sent
-            .iter()
-            .filter(|e| e.aggregate_id == agg)
-            .map(|e| e.id)
-            .collect();
-        let got: Vec<Uuid> = order
-            .iter()
-            .copied()
-            .filter(|id| expected.contains(id))
-            .collect();
-        assert_eq!(got, expected, "order of aggregate {agg}");
-    }
-    assert_eq!(relay.store().pending().await.expect("pending"), 0);
-    assert_eq!(target.stored().await, ids.len() as u64);
-    target.delete().await;
-    test.drop_schema().await.expect("drop schema");
-}
-
-#[tokio::test]
 async fn republished_event_is_a_server_duplicate_and_consumed_once() {
     let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
     let target = NatsTarget::new().await;

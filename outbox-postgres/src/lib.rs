@@ -1,6 +1,13 @@
 #![doc = include_str!("../README.md")]
 
 mod cleanup;
+#[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
+pub mod conformance;
+/// The core crate, for `relay_conformance_tests!` (a macro expands in the caller's crate).
+#[cfg(feature = "conformance")]
+#[doc(hidden)]
+pub use pgoutbox_core as __core;
 mod dead_letters;
 mod enqueue;
 mod error;

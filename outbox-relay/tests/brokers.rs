@@ -102,7 +102,6 @@ async fn relay_publishes_to_rabbitmq() {
     };
     use pgoutbox_amqp::lapin::types::FieldTable;
     use pgoutbox_amqp::lapin::{Connection, ConnectionProperties, ExchangeKind};
-    use pgoutbox_amqp::Metadata;
 
     let url = env("OUTBOX_AMQP_URL");
     let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
@@ -158,8 +157,8 @@ async fn relay_publishes_to_rabbitmq() {
         .await
         .unwrap()
     {
-        let metadata = Metadata::from_delivery(&message.delivery).unwrap();
-        received.push((metadata.aggregate_id.clone(), metadata.id));
+        let metadata = pgoutbox_amqp::metadata(&message.delivery).unwrap();
+        received.push((metadata.aggregate_id.clone(), metadata.event_id));
         message
             .delivery
             .ack(BasicAckOptions::default())
@@ -176,7 +175,7 @@ async fn relay_publishes_to_rabbitmq() {
 async fn relay_publishes_to_kafka_on_tansu() {
     use pgoutbox_kafka::rdkafka::config::ClientConfig;
     use pgoutbox_kafka::rdkafka::consumer::{Consumer, StreamConsumer};
-    use pgoutbox_kafka::{KafkaConfig, Received};
+    use pgoutbox_kafka::KafkaConfig;
 
     let brokers = env("OUTBOX_TANSU_BROKERS");
     let topic = format!("relaytest-{}", &Uuid::new_v4().simple().to_string()[..12]);
@@ -212,7 +211,7 @@ async fn relay_publishes_to_kafka_on_tansu() {
         );
         if let Ok(Ok(message)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await
         {
-            let metadata = Received::from_message(&message).unwrap();
+            let metadata = pgoutbox_kafka::metadata(&message).unwrap();
             received.push((metadata.aggregate_id.clone(), metadata.event_id));
         }
     }
@@ -224,7 +223,7 @@ async fn relay_publishes_to_kafka_on_tansu() {
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_publishes_to_sqs_on_moto() {
     use pgoutbox_sqs::aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
-    use pgoutbox_sqs::{Received, SqsConfig};
+    use pgoutbox_sqs::SqsConfig;
 
     let endpoint = env("OUTBOX_SQS_ENDPOINT");
     let queue = format!(
@@ -280,7 +279,7 @@ async fn relay_publishes_to_sqs_on_moto() {
             .await
             .unwrap();
         for message in got.messages() {
-            let metadata = Received::from_message(message).unwrap();
+            let metadata = pgoutbox_sqs::metadata(message).unwrap();
             received.push((metadata.aggregate_id.clone(), metadata.event_id));
             client
                 .delete_message()

@@ -1,12 +1,10 @@
 //! The message envelope: attribute names and layout, and reading them back.
 
-use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 
 use aws_sdk_sqs::types::{Message, MessageAttributeValue};
-use chrono::{DateTime, Utc};
-use pgoutbox_core::envelope::{self, EnvelopeError};
-use pgoutbox_core::{Event, Headers, TRACEPARENT};
+use pgoutbox_core::envelope::{self, EnvelopeError, Metadata};
+use pgoutbox_core::{Event, TRACEPARENT};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -108,94 +106,53 @@ pub(crate) fn attribute_value(value: String) -> Option<MessageAttributeValue> {
         .ok()
 }
 
-/// The outbox metadata of a received SQS message. Receive with
-/// `.message_attribute_names("All")` so the attributes come along.
+/// The outbox metadata of a received SQS message, the same [`Metadata`] type as
+/// every adapter's. Receive with `.message_attribute_names("All")` so the
+/// attributes come along; user headers are read whether they came as separate
+/// attributes or packed in [`ATTR_HEADERS`].
 ///
 /// ```no_run
 /// # async fn demo(client: aws_sdk_sqs::Client, url: &str) -> Result<(), Box<dyn std::error::Error>> {
 /// let out = client.receive_message().queue_url(url).message_attribute_names("All").send().await?;
 /// for message in out.messages() {
-///     let received = pgoutbox_sqs::Received::from_message(message)?;
-///     println!("{} {}", received.event_type, received.event_id);
+///     let meta = pgoutbox_sqs::metadata(message)?;
+///     println!("{} {}", meta.event_type, meta.event_id);
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Received {
-    /// The event id: record it in the consumer's inbox to skip duplicates.
-    pub event_id: Uuid,
-    /// The event type.
-    pub event_type: String,
-    /// The aggregate type.
-    pub aggregate_type: String,
-    /// The aggregate id.
-    pub aggregate_id: String,
-    /// When the event was written to the outbox.
-    pub created_at: DateTime<Utc>,
-    /// The event's own headers: `traceparent` and user metadata, whether they came as
-    /// separate attributes or packed in [`ATTR_HEADERS`].
-    pub headers: Headers,
+pub fn metadata(message: &Message) -> Result<Metadata> {
+    metadata_from_attributes(message.message_attributes().unwrap_or(&HashMap::new()))
 }
 
-impl Received {
-    /// Read the metadata from a message's attributes.
-    pub fn from_message(message: &Message) -> Result<Self> {
-        Self::from_attributes(message.message_attributes().unwrap_or(&HashMap::new()))
+/// The outbox metadata read from message attributes (see [`metadata`]).
+pub fn metadata_from_attributes(
+    attributes: &HashMap<String, MessageAttributeValue>,
+) -> Result<Metadata> {
+    let mut pairs: Vec<(&str, &str)> = attributes
+        .iter()
+        .filter(|(name, _)| name.as_str() != ATTR_HEADERS)
+        .filter_map(|(name, value)| Some((name.as_str(), value.string_value()?)))
+        .collect();
+    // Names are compared without case and the first of a repeated one wins: the
+    // exact names first, so the result does not depend on the map's order.
+    pairs.sort_by_key(|(name, _)| !envelope::RESERVED.contains(name));
+    let mut meta = envelope::Metadata::from_headers(pairs).map_err(|e| match e {
+        EnvelopeError::Missing(name) => Error::MissingAttribute { name },
+        EnvelopeError::Malformed { name, reason } => Error::InvalidAttribute { name, reason },
+        other => Error::InvalidAttribute {
+            name: ATTR_EVENT_ID,
+            reason: other.to_string(),
+        },
+    })?;
+    if let Some(packed) = attributes.get(ATTR_HEADERS).and_then(|v| v.string_value()) {
+        let object: HashMap<String, String> =
+            serde_json::from_str(packed).map_err(|e| Error::InvalidAttribute {
+                name: ATTR_HEADERS,
+                reason: format!("not a JSON object of strings: {e}"),
+            })?;
+        meta.headers.extend(object);
     }
-
-    /// Read the metadata from message attributes.
-    pub fn from_attributes(attributes: &HashMap<String, MessageAttributeValue>) -> Result<Self> {
-        let mut pairs: Vec<(&str, &str)> = attributes
-            .iter()
-            .filter(|(name, _)| name.as_str() != ATTR_HEADERS)
-            .filter_map(|(name, value)| Some((name.as_str(), value.string_value()?)))
-            .collect();
-        // Names are compared without case and the first of a repeated one wins: the
-        // exact names first, so the result does not depend on the map's order.
-        pairs.sort_by_key(|(name, _)| !envelope::RESERVED.contains(name));
-        let meta = envelope::Metadata::from_headers(pairs).map_err(|e| match e {
-            EnvelopeError::Missing(name) => Error::MissingAttribute { name },
-            EnvelopeError::Malformed { name, reason } => Error::InvalidAttribute { name, reason },
-            other => Error::InvalidAttribute {
-                name: ATTR_EVENT_ID,
-                reason: other.to_string(),
-            },
-        })?;
-        let mut headers = meta.headers;
-        if let Some(packed) = attributes.get(ATTR_HEADERS).and_then(|v| v.string_value()) {
-            let object: HashMap<String, String> =
-                serde_json::from_str(packed).map_err(|e| Error::InvalidAttribute {
-                    name: ATTR_HEADERS,
-                    reason: format!("not a JSON object of strings: {e}"),
-                })?;
-            headers.extend(object);
-        }
-        Ok(Self {
-            event_id: meta.event_id,
-            event_type: meta.event_type,
-            aggregate_type: meta.aggregate_type,
-            aggregate_id: meta.aggregate_id,
-            created_at: meta.created_at.ok_or(Error::MissingAttribute {
-                name: envelope::CREATED_AT,
-            })?,
-            headers,
-        })
-    }
-
-    /// Read `body` (the message's payload) as `T`; an error names the event id and
-    /// type ([`pgoutbox_core::DecodeError`]).
-    pub fn decode<T: DeserializeOwned>(
-        &self,
-        body: &[u8],
-    ) -> std::result::Result<T, pgoutbox_core::DecodeError> {
-        pgoutbox_core::envelope::decode(self.event_id, &self.event_type, body)
-    }
-
-    /// The W3C `traceparent` header, when the producer recorded one.
-    pub fn traceparent(&self) -> Option<&str> {
-        self.headers.get(TRACEPARENT).map(String::as_str)
-    }
+    Ok(meta)
 }
 
 /// Only the event id of a received message (the dedup key).
@@ -227,13 +184,13 @@ mod tests {
         event
     }
 
-    fn round_trip(e: &Event) -> Received {
+    fn round_trip(e: &Event) -> Metadata {
         let attrs: HashMap<String, MessageAttributeValue> = attributes(e)
             .into_iter()
             .map(|(n, v)| (n, attribute_value(v).unwrap()))
             .collect();
         assert!(attrs.len() <= MAX_ATTRIBUTES, "{attrs:?}");
-        Received::from_attributes(&attrs).unwrap()
+        metadata_from_attributes(&attrs).unwrap()
     }
 
     #[test]

@@ -13,8 +13,10 @@ pub use config::{
     ENV_TIMEOUT_MS,
 };
 pub use envelope::{
-    event_id, Received, ATTR_AGGREGATE_ID, ATTR_AGGREGATE_TYPE, ATTR_CREATED_AT, ATTR_EVENT_ID,
-    ATTR_EVENT_TYPE, ATTR_HEADERS, MAX_ATTRIBUTES,
+    event_id, metadata, metadata_from_attributes, ATTR_AGGREGATE_ID, ATTR_AGGREGATE_TYPE,
+    ATTR_CREATED_AT, ATTR_EVENT_ID, ATTR_EVENT_TYPE, ATTR_HEADERS, MAX_ATTRIBUTES,
 };
 pub use error::{Error, Result};
+/// The outbox metadata of a received message: one type for every adapter.
+pub use pgoutbox_core::envelope::Metadata;
 pub use publisher::SqsPublisher;

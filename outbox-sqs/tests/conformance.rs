@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::{closed_port, create_queue, read, unique};
 use pgoutbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
 use pgoutbox_core::Event;
-use pgoutbox_sqs::{Received, SqsConfig, SqsPublisher};
+use pgoutbox_sqs::{SqsConfig, SqsPublisher};
 
 struct Sqs {
     name: String,
@@ -35,13 +35,13 @@ impl ConformanceTarget for Sqs {
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ReceivedMessage>, BoxError> {
         let mut out = Vec::new();
         for m in read(&self.client, &self.url, max, wait).await {
-            let r = Received::from_message(&m)?;
+            let r = pgoutbox_sqs::metadata(&m)?;
             out.push(ReceivedMessage {
                 id: r.event_id,
                 event_type: r.event_type,
                 aggregate_type: r.aggregate_type,
                 aggregate_id: r.aggregate_id,
-                created_at: Some(r.created_at),
+                created_at: r.created_at,
                 payload: m.body().unwrap_or_default().as_bytes().to_vec(),
                 headers: r.headers,
             });
@@ -70,3 +70,4 @@ impl ConformanceTarget for Sqs {
 }
 
 pgoutbox_core::conformance_tests!(Sqs::new().await);
+pgoutbox_postgres::relay_conformance_tests!(Sqs::new().await);

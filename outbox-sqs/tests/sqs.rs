@@ -11,7 +11,7 @@ use pgoutbox_core::{Event, FailureKind, NewEvent, Outcome, Publisher, Relay, Sto
 use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
 use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
 use pgoutbox_sqs::aws_sdk_sqs::types::MessageSystemAttributeName;
-use pgoutbox_sqs::{Received, SqsConfig};
+use pgoutbox_sqs::SqsConfig;
 use uuid::Uuid;
 
 fn ids(messages: &[pgoutbox_sqs::aws_sdk_sqs::types::Message]) -> Vec<Uuid> {
@@ -106,7 +106,7 @@ async fn many_headers_are_packed_and_read_back() {
         .map(|a| a.len())
         .unwrap_or(0);
     assert!(attributes <= 10, "{attributes} attributes");
-    let r = Received::from_message(&messages[0]).unwrap();
+    let r = pgoutbox_sqs::metadata(&messages[0]).unwrap();
     assert_eq!(r.headers, e.headers);
     assert_eq!(r.traceparent(), e.traceparent());
 }
@@ -184,7 +184,7 @@ async fn end_to_end_fifo_keeps_group_order() {
     for a in 0..3 {
         let rounds: Vec<i64> = messages
             .iter()
-            .filter(|m| Received::from_message(m).unwrap().aggregate_id == format!("order-{a}"))
+            .filter(|m| pgoutbox_sqs::metadata(m).unwrap().aggregate_id == format!("order-{a}"))
             .map(|m| {
                 serde_json::from_str::<serde_json::Value>(m.body().unwrap()).unwrap()["round"]
                     .as_i64()

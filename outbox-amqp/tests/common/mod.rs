@@ -109,7 +109,7 @@ impl AmqpTarget {
                     break;
                 };
                 message.ack(BasicAckOptions::default()).await.expect("ack");
-                let metadata = Metadata::from_delivery(&message).expect("an outbox event");
+                let metadata = pgoutbox_amqp::metadata(&message).expect("an outbox event");
                 out.push((metadata, message.delivery.data.clone()));
             }
             if !out.is_empty() || Instant::now() >= deadline {
@@ -145,7 +145,7 @@ impl ConformanceTarget for AmqpTarget {
             .await
             .into_iter()
             .map(|(m, payload)| ReceivedMessage {
-                id: m.id,
+                id: m.event_id,
                 event_type: m.event_type,
                 aggregate_type: m.aggregate_type,
                 aggregate_id: m.aggregate_id,

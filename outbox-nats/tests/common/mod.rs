@@ -112,7 +112,7 @@ impl ConformanceTarget for NatsTarget {
             message.ack().await?;
             let m = message.metadata;
             out.push(ReceivedMessage {
-                id: m.id,
+                id: m.event_id,
                 event_type: m.event_type,
                 aggregate_type: m.aggregate_type,
                 aggregate_id: m.aggregate_id,

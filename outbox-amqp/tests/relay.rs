@@ -7,7 +7,6 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::{amqp_addr, amqp_url, url_via, AmqpTarget};
-use pgoutbox_core::conformance::proxy::TcpProxy;
 use pgoutbox_core::testing::run_relay_while;
 use pgoutbox_core::{NewEvent, Publisher, Relay, Store};
 use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
@@ -59,93 +58,6 @@ where
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// A lost connection, and a broker that stays away longer than the whole retry
-/// schedule (3 attempts, 50-300 ms apart), counts no attempt and makes no dead
-/// letter: once RabbitMQ is back, every event arrives in per-aggregate order.
-#[tokio::test]
-async fn an_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
-    let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
-    let target = AmqpTarget::new().await;
-    let proxy = TcpProxy::start(amqp_addr()).expect("proxy");
-    let publisher = target
-        .config(&url_via(proxy.addr()))
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .expect("connect through the proxy");
-    let mut config = broker_relay_config();
-    config.retry = config.retry.max_attempts(3);
-    config.broker_probe_min = Duration::from_millis(100);
-    config.broker_probe_max = Duration::from_millis(500);
-    let relay = Relay::new(test.store(), publisher).with_config(config);
-    let health = relay.broker_health();
-
-    // One batch on the first connection, then the connection is lost.
-    let first = NewEvent::new("order", "before", "order.created", &serde_json::json!({}));
-    enqueue(&test, std::slice::from_ref(&first)).await;
-    assert_eq!(relay.run_once().await.expect("relay").published, 1);
-
-    proxy.cut();
-    // Two events on each of five orders, interleaved.
-    let events: Vec<NewEvent> = (0..10)
-        .map(|i| {
-            NewEvent::new(
-                "order",
-                format!("o-{}", i % 5),
-                "order.changed",
-                &serde_json::json!({"i": i}),
-            )
-        })
-        .collect();
-    enqueue(&test, &events).await;
-    let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
-    let table = format!(
-        "{}.{}",
-        test.tables.schema().quoted(),
-        test.tables.events().quoted()
-    );
-
-    let order = with_relay(&relay, async {
-        // Outlast the retry schedule many times over.
-        pgoutbox_core::testing::hold_outage(&health, Duration::from_secs(4), DEADLINE)
-            .await
-            .expect("an outage the relay sees");
-        let attempted: i64 = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {table} WHERE attempts > 0 AND processed_at IS NULL"
-        ))
-        .fetch_one(&test.pool)
-        .await
-        .expect("count");
-        assert_eq!(attempted, 0, "the outage counted attempts");
-        assert!(
-            relay.publisher().check().await.is_err(),
-            "check must fail during the outage"
-        );
-        proxy.restore();
-        let order = receive_all(&target, &ids).await.0;
-        // A message whose confirm was lost is published again (at least once).
-        wait_until("an empty outbox", || async {
-            relay.store().pending().await.expect("pending") == 0
-        })
-        .await;
-        wait_until("the relay sees RabbitMQ up", || async { health.is_up() }).await;
-        order
-    })
-    .await;
-
-    let runs: Vec<Vec<Uuid>> = (0..5).map(|a| vec![ids[a], ids[a + 5]]).collect();
-    pgoutbox_core::testing::check_first_arrivals(&order, &runs).expect("per-aggregate order");
-    let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
-    assert_eq!(
-        dead.count(&DeadLetterFilter::default())
-            .await
-            .expect("count"),
-        0
-    );
-    target.delete().await;
-    test.drop_schema().await.expect("drop schema");
 }
 
 /// A refused login is the broker's failure, not the messages': no attempt counts.

@@ -126,6 +126,23 @@ pub trait ConformanceTarget: Send + Sync {
     ) -> impl Future<Output = Result<Self::Publisher, BoxError>> + Send;
 }
 
+/// A [`ConformanceTarget`] whose broker a check can take away and bring back: for
+/// the outage checks (`pgoutbox_postgres::conformance::relay_outage_loses_nothing`).
+/// A target usually keeps a [`proxy::TcpProxy`] in front of its broker.
+pub trait OutageTarget: ConformanceTarget {
+    /// A publisher, routing like [`ConformanceTarget::publisher`], whose broker
+    /// [`OutageTarget::cut`] makes unreachable, with a short timeout (a few seconds).
+    /// Built while the broker is reachable.
+    fn outage_publisher(&self) -> impl Future<Output = Result<Self::Publisher, BoxError>> + Send;
+
+    /// Make the broker unreachable for publishers from [`OutageTarget::outage_publisher`]
+    /// (open connections drop, new ones fail); reading back still works.
+    fn cut(&self);
+
+    /// Make the broker reachable again.
+    fn restore(&self);
+}
+
 /// A test event as the relay would claim it: fresh id, `created_at` now, no attempts,
 /// the given headers, a small JSON payload naming the aggregate and a sequence number.
 pub fn event(aggregate_type: &str, aggregate_id: &str, event_type: &str, seq: i64) -> Event {

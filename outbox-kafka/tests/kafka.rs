@@ -15,7 +15,6 @@ use pgoutbox_kafka::rdkafka::consumer::StreamConsumer;
 use pgoutbox_kafka::rdkafka::message::Message;
 use pgoutbox_kafka::KafkaConfig;
 use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
-use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
 use uuid::Uuid;
 
 fn ids_of(messages: &[pgoutbox_kafka::rdkafka::message::OwnedMessage]) -> Vec<Uuid> {
@@ -252,59 +251,4 @@ async fn end_to_end(bootstrap: &str, topic: &str, reader: &StreamConsumer) {
         assert_eq!(rounds, (0..5).collect::<Vec<_>>(), "order of {aggregate}");
     }
     db.drop_schema().await.expect("drop schema");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn broker_outage_keeps_events_until_recovery() {
-    let db = TestOutbox::new()
-        .await
-        .expect("PostgreSQL (DATABASE_URL) for the end-to-end test");
-    let mock = MockKafka::start(1);
-    let topic = unique("outage");
-    mock.create_topic(&topic, 2);
-    let publisher = KafkaConfig::new(mock.bootstrap())
-        .topic(&topic)
-        .delivery_timeout(Duration::from_secs(2))
-        .set("reconnect.backoff.max.ms", "500")
-        .build()
-        .unwrap();
-    let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
-    mock.broker_down(1);
-    let ids = enqueue_orders(&db, 3, 4).await;
-
-    let report = relay.run_once().await.unwrap();
-    // One claim takes every aggregate's run; the first event of each fails with the
-    // cluster unavailable, which counts no attempt (deferred), and holds back the
-    // rest of its run.
-    assert_eq!(report.claimed, ids.len(), "{report:?}");
-    assert_eq!((report.retried, report.deferred), (0, 3), "{report:?}");
-    assert_eq!(report.held_back, ids.len() - 3, "{report:?}");
-    assert!(!relay.broker_health().is_up(), "the relay saw the outage");
-    assert_eq!(
-        relay.store().pending().await.unwrap(),
-        ids.len() as u64,
-        "events stay in the outbox"
-    );
-    let dead = DeadLetters::new(db.pool.clone(), &db.outbox);
-    assert_eq!(dead.count(&DeadLetterFilter::default()).await.unwrap(), 0);
-
-    mock.broker_up(1);
-    drain(&relay, Duration::from_secs(60)).await;
-    assert!(
-        relay.broker_health().is_up(),
-        "the first message taken ends the outage"
-    );
-    let messages = read(
-        &consumer(mock.bootstrap(), &topic, 2),
-        ids.len(),
-        Duration::from_secs(30),
-    )
-    .await;
-    let got: HashSet<Uuid> = ids_of(&messages).into_iter().collect();
-    assert_eq!(
-        got,
-        ids.iter().copied().collect::<HashSet<_>>(),
-        "all delivered after recovery"
-    );
-    db.drop_schema().await.unwrap();
 }

@@ -6,8 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::{nats_addr, NatsTarget};
-use pgoutbox_core::conformance::proxy::TcpProxy;
+use common::NatsTarget;
 use pgoutbox_core::testing::run_relay_while;
 use pgoutbox_core::{NewEvent, Publisher, Relay, Store};
 use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
@@ -61,14 +60,6 @@ where
     }
 }
 
-fn events_table(test: &TestOutbox) -> String {
-    format!(
-        "{}.{}",
-        test.tables.schema().quoted(),
-        test.tables.events().quoted()
-    )
-}
-
 #[tokio::test]
 async fn republished_event_is_a_server_duplicate_and_consumed_once() {
     let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
@@ -117,114 +108,6 @@ async fn republished_event_is_a_server_duplicate_and_consumed_once() {
         more.is_empty(),
         "consumer got more: {:?}",
         more.iter().map(|m| m.id()).collect::<Vec<_>>()
-    );
-    target.delete().await;
-    test.drop_schema().await.expect("drop schema");
-}
-
-/// A NATS outage longer than the whole retry schedule (3 attempts, 50-300 ms apart)
-/// counts no attempt and makes no dead letter: the relay pauses, probes, and sends
-/// everything in per-aggregate order once NATS is back. A message NATS refuses for
-/// good during the same outage is dead-lettered alone.
-#[tokio::test]
-async fn an_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
-    let test = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
-    let target = NatsTarget::new().await;
-    let proxy = TcpProxy::start(nats_addr()).expect("proxy");
-    let url = format!("nats://{}", proxy.addr());
-    let publisher = target
-        .config(&url)
-        .timeout(Duration::from_millis(700))
-        .connect()
-        .await
-        .expect("connect through the proxy");
-    publisher.check().await.expect("connected");
-    let mut config = broker_relay_config();
-    config.retry = config.retry.max_attempts(3);
-    config.broker_probe_min = Duration::from_millis(100);
-    config.broker_probe_max = Duration::from_millis(500);
-    let relay = Relay::new(test.store(), publisher).with_config(config);
-    let health = relay.broker_health();
-
-    proxy.cut();
-    // Two events on each of five orders, interleaved; and one too large for NATS.
-    let events: Vec<NewEvent> = (0..10)
-        .map(|i| {
-            NewEvent::new(
-                "order",
-                format!("o-{}", i % 5),
-                "order.changed",
-                &serde_json::json!({"i": i}),
-            )
-        })
-        .collect();
-    let big = NewEvent::new(
-        "order",
-        "big",
-        "order.created",
-        &serde_json::json!({"blob": "x".repeat(1_200_000)}),
-    );
-    enqueue(&test, &events).await;
-    enqueue(&test, std::slice::from_ref(&big)).await;
-    let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
-    let table = events_table(&test);
-    let attempts = |id: Uuid| {
-        let pool = test.pool.clone();
-        let table = table.clone();
-        async move {
-            sqlx::query_scalar::<_, i32>(&format!("SELECT attempts FROM {table} WHERE id = $1"))
-                .bind(id)
-                .fetch_optional(&pool)
-                .await
-                .expect("attempts")
-        }
-    };
-
-    let order = with_relay(&relay, async {
-        // Outlast the retry schedule many times over.
-        pgoutbox_core::testing::hold_outage(&health, Duration::from_secs(4), DEADLINE)
-            .await
-            .expect("an outage the relay sees");
-        for id in &ids {
-            assert_eq!(
-                attempts(*id).await,
-                Some(0),
-                "the outage counted an attempt"
-            );
-        }
-        assert!(
-            relay.publisher().check().await.is_err(),
-            "check must fail during the outage"
-        );
-
-        proxy.restore();
-        let order = receive_all(&target, &ids).await.0;
-        wait_until("an empty outbox", || async {
-            relay.store().pending().await.expect("pending") == 0
-        })
-        .await;
-        wait_until("the relay sees NATS up", || async { health.is_up() }).await;
-        order
-    })
-    .await;
-
-    // Every event once in the stream (sends the client buffered during the outage
-    // and the relay's sends are deduplicated by event id), in per-aggregate order.
-    assert_eq!(target.stored().await, ids.len() as u64);
-    let runs: Vec<Vec<Uuid>> = (0..5).map(|a| vec![ids[a], ids[a + 5]]).collect();
-    pgoutbox_core::testing::check_first_arrivals(&order, &runs).expect("per-aggregate order");
-    let dead = DeadLetters::new(test.pool.clone(), &test.outbox);
-    let dead_ids: Vec<Uuid> = dead
-        .list(&DeadLetterFilter::default(), 10)
-        .await
-        .expect("dead letters")
-        .iter()
-        .map(|d| d.event.id)
-        .collect();
-    assert_eq!(
-        dead_ids,
-        vec![big.id],
-        "only the oversized event is a dead letter"
     );
     target.delete().await;
     test.drop_schema().await.expect("drop schema");

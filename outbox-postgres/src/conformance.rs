@@ -8,9 +8,11 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use pgoutbox_core::conformance::{ConformanceTarget, NOT_RECEIVED_WAIT, RECEIVE_TIMEOUT};
-use pgoutbox_core::testing::{check_first_arrivals, run_relay_while};
-use pgoutbox_core::{NewEvent, Relay, TRACEPARENT};
+use pgoutbox_core::conformance::{
+    ConformanceTarget, OutageTarget, ReceivedMessage, NOT_RECEIVED_WAIT, RECEIVE_TIMEOUT,
+};
+use pgoutbox_core::testing::{check_first_arrivals, hold_outage, run_relay_while};
+use pgoutbox_core::{DeadLetterFilter, NewEvent, Publisher, Relay, Store, TRACEPARENT};
 use uuid::Uuid;
 
 use crate::testing::{broker_relay_config, TestOutbox};
@@ -18,17 +20,28 @@ use crate::testing::{broker_relay_config, TestOutbox};
 /// Longest a whole check may take.
 const DEADLINE: Duration = Duration::from_secs(120);
 
+/// Longest the relay may take to see a broker that is down as an outage.
+const OUTAGE_SEEN_WITHIN: Duration = Duration::from_secs(15);
+
 const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 /// One `#[tokio::test]` per check of this module, each on a fresh target (the same
 /// forms as `pgoutbox_core::conformance_tests!`): `relay_conformance_tests!(make)` or
-/// `relay_conformance_tests!(make, cleanup)`. Needs PostgreSQL at `DATABASE_URL`.
+/// `relay_conformance_tests!(make, cleanup)` run [`relay_end_to_end`] and, for a
+/// target that is an [`OutageTarget`], [`relay_outage_loses_nothing`];
+/// `relay_conformance_tests!(make, cleanup, no_outage)` leaves the outage out, for a
+/// broker a test cannot take away (say why where you use it). Needs PostgreSQL at
+/// `DATABASE_URL`.
 #[macro_export]
 macro_rules! relay_conformance_tests {
     ($make:expr) => {
         $crate::relay_conformance_tests!($make, |_| async {});
     };
     ($make:expr, $cleanup:expr) => {
+        $crate::__core::conformance_tests!(@checks_of $crate; $make, $cleanup;
+            relay_end_to_end, relay_outage_loses_nothing);
+    };
+    ($make:expr, $cleanup:expr, no_outage) => {
         $crate::__core::conformance_tests!(@checks_of $crate; $make, $cleanup; relay_end_to_end);
     };
 }
@@ -74,33 +87,16 @@ pub async fn relay_end_to_end<T: ConformanceTarget>(target: &T) {
 
     let wanted: HashSet<Uuid> = runs.iter().flatten().copied().collect();
     let read = async {
-        let mut arrivals = Vec::new();
-        let mut seen = HashSet::new();
-        let deadline = Instant::now() + RECEIVE_TIMEOUT;
-        while !wanted.is_subset(&seen) {
-            assert!(
-                Instant::now() < deadline,
-                "relay_end_to_end: {} of {} events read back within {RECEIVE_TIMEOUT:?}",
-                wanted.intersection(&seen).count(),
-                wanted.len()
+        let messages = read_back("relay_end_to_end", target, &wanted, Some(ghost.id)).await;
+        for message in &messages {
+            assert_eq!(
+                message.headers.get(TRACEPARENT).map(String::as_str),
+                Some(TRACE),
+                "relay_end_to_end: event {} lost its traceparent",
+                message.id
             );
-            for message in target
-                .receive(100, Duration::from_millis(500))
-                .await
-                .expect("receive")
-            {
-                if message.id == ghost.id || wanted.contains(&message.id) {
-                    assert_eq!(
-                        message.headers.get(TRACEPARENT).map(String::as_str),
-                        Some(TRACE),
-                        "relay_end_to_end: event {} lost its traceparent",
-                        message.id
-                    );
-                    seen.insert(message.id);
-                    arrivals.push(message.id);
-                }
-            }
         }
+        let mut arrivals: Vec<Uuid> = messages.iter().map(|m| m.id).collect();
         // A late copy of the rolled-back event would show up now.
         for message in target
             .receive(100, NOT_RECEIVED_WAIT)
@@ -120,9 +116,124 @@ pub async fn relay_end_to_end<T: ConformanceTarget>(target: &T) {
     );
     check_first_arrivals(&arrivals, &runs)
         .unwrap_or_else(|e| panic!("relay_end_to_end: per-aggregate order: {e}"));
-    let pending = pgoutbox_core::Store::pending(&db.store())
-        .await
-        .expect("pending");
+    let pending = db.store().pending().await.expect("pending");
     assert_eq!(pending, 0, "relay_end_to_end: events left in the outbox");
+    db.drop_schema().await.expect("drop schema");
+}
+
+/// Read until every id of `wanted` arrived, at most [`RECEIVE_TIMEOUT`]; returns
+/// the messages of `wanted` (and of `also`), copies included, in arrival order.
+async fn read_back<T: ConformanceTarget>(
+    check: &str,
+    target: &T,
+    wanted: &HashSet<Uuid>,
+    also: Option<Uuid>,
+) -> Vec<ReceivedMessage> {
+    let mut messages = Vec::new();
+    let mut seen = HashSet::new();
+    let deadline = Instant::now() + RECEIVE_TIMEOUT;
+    while !wanted.is_subset(&seen) {
+        assert!(
+            Instant::now() < deadline,
+            "{check}: {} of {} events read back within {RECEIVE_TIMEOUT:?}",
+            wanted.intersection(&seen).count(),
+            wanted.len()
+        );
+        for message in target
+            .receive(100, Duration::from_millis(500))
+            .await
+            .expect("receive")
+        {
+            if wanted.contains(&message.id) || also == Some(message.id) {
+                seen.insert(message.id);
+                messages.push(message);
+            }
+        }
+    }
+    messages
+}
+
+/// A broker outage longer than the whole retry schedule (3 attempts, 50-300 ms
+/// apart) loses nothing and dead-letters nothing: the relay sees the outage, counts
+/// no attempt, keeps every event pending and its publisher's check failing while
+/// it lasts, and once the broker is back publishes everything, each aggregate's
+/// first copies in insertion order.
+pub async fn relay_outage_loses_nothing<T: OutageTarget>(target: &T) {
+    let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let publisher = target.outage_publisher().await.expect("outage publisher");
+    let mut config = broker_relay_config();
+    config.retry = config.retry.max_attempts(3);
+    config.broker_probe_min = Duration::from_millis(100);
+    config.broker_probe_max = Duration::from_millis(500);
+    let relay = Relay::new(db.store(), publisher).with_config(config);
+    let health = relay.broker_health();
+
+    target.cut();
+    let events: Vec<NewEvent> = (0..12)
+        .map(|i| {
+            NewEvent::new(
+                "conformance_order",
+                format!("o-{}", i % 4),
+                "conformance.order.changed",
+                &serde_json::json!({ "i": i }),
+            )
+        })
+        .collect();
+    db.enqueue_committed(&events).await.expect("enqueue");
+    let runs: Vec<Vec<Uuid>> = (0..4)
+        .map(|a| events.iter().skip(a).step_by(4).map(|e| e.id).collect())
+        .collect();
+    let wanted: HashSet<Uuid> = events.iter().map(|e| e.id).collect();
+    let attempts_table = format!(
+        "{}.{}",
+        db.tables.schema().quoted(),
+        db.tables.events().quoted()
+    );
+
+    let work = async {
+        // Outlast the retry schedule many times over.
+        hold_outage(&health, Duration::from_secs(3), OUTAGE_SEEN_WITHIN)
+            .await
+            .unwrap_or_else(|e| panic!("relay_outage_loses_nothing: {e}"));
+        let attempts: i64 = sqlx::query_scalar(&format!(
+            "SELECT coalesce(sum(attempts), 0) FROM {attempts_table}"
+        ))
+        .fetch_one(&db.pool)
+        .await
+        .expect("attempts");
+        assert_eq!(
+            attempts, 0,
+            "relay_outage_loses_nothing: the outage counted attempts"
+        );
+        assert!(
+            relay.publisher().check().await.is_err(),
+            "relay_outage_loses_nothing: the publisher's check passed during the outage"
+        );
+        assert_eq!(
+            relay.store().pending().await.expect("pending"),
+            events.len() as u64,
+            "relay_outage_loses_nothing: events left the outbox during the outage"
+        );
+
+        target.restore();
+        read_back("relay_outage_loses_nothing", target, &wanted, None)
+            .await
+            .iter()
+            .map(|m| m.id)
+            .collect::<Vec<Uuid>>()
+    };
+    let arrivals = run_relay_while(&relay, work, DEADLINE)
+        .await
+        .expect("relay_outage_loses_nothing: the relay did not stop in time");
+    check_first_arrivals(&arrivals, &runs)
+        .unwrap_or_else(|e| panic!("relay_outage_loses_nothing: per-aggregate order: {e}"));
+    let dead = crate::DeadLetters::new(db.pool.clone(), &db.outbox)
+        .count(&DeadLetterFilter::default())
+        .await
+        .expect("dead letters");
+    assert_eq!(
+        dead, 0,
+        "relay_outage_loses_nothing: the outage made dead letters"
+    );
     db.drop_schema().await.expect("drop schema");
 }

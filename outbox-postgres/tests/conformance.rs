@@ -2,7 +2,8 @@
 //! `pgoutbox_core::conformance::memory` (through the real relay and PostgreSQL),
 //! `relay_end_to_end` passes with an honest publisher and fails with one that drops
 //! the events' headers and with one that delivers an aggregate's events out of
-//! order. The checks' real users are the broker crates, against their real brokers.
+//! order; `relay_outage_loses_nothing` passes with an honest publisher and fails
+//! with one that reports an outage as failing messages. The checks' real users are the broker crates, against their real brokers.
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 use std::panic::AssertUnwindSafe;
@@ -11,13 +12,14 @@ use futures_util::FutureExt;
 use pgoutbox_core::conformance::memory::{Fault, MemoryBroker};
 use pgoutbox_postgres::conformance;
 
-/// Whether `relay_end_to_end` panics (fails) against a broker with `fault`.
+/// Whether `check` panics (fails).
+async fn fails(check: impl std::future::Future<Output = ()>) -> bool {
+    AssertUnwindSafe(check).catch_unwind().await.is_err()
+}
+
+/// Whether `relay_end_to_end` fails against a broker with `fault`.
 async fn end_to_end_fails(fault: Fault) -> bool {
-    let broker = MemoryBroker::new(fault);
-    AssertUnwindSafe(conformance::relay_end_to_end(&broker))
-        .catch_unwind()
-        .await
-        .is_err()
+    fails(conformance::relay_end_to_end(&MemoryBroker::new(fault))).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -28,4 +30,12 @@ async fn relay_end_to_end_fails_on_lost_headers_and_on_reordering() {
         end_to_end_fails(Fault::DelaysOddBatchHeads).await,
         "an aggregate's events out of order"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_outage_check_fails_when_an_outage_looks_like_failing_messages() {
+    let honest = MemoryBroker::new(Fault::None);
+    assert!(!fails(conformance::relay_outage_loses_nothing(&honest)).await);
+    let hiding = MemoryBroker::new(Fault::HidesOutages);
+    assert!(fails(conformance::relay_outage_loses_nothing(&hiding)).await);
 }

@@ -4,8 +4,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{closed_port, create_queue, read, unique};
-use pgoutbox_core::conformance::{self, BoxError, ConformanceTarget, ReceivedMessage};
+use common::{closed_port, create_queue, moto_addr, read, unique};
+use pgoutbox_core::conformance::proxy::TcpProxy;
+use pgoutbox_core::conformance::{
+    self, BoxError, ConformanceTarget, OutageTarget, ReceivedMessage,
+};
 use pgoutbox_core::Event;
 use pgoutbox_sqs::{SqsConfig, SqsPublisher};
 
@@ -13,6 +16,8 @@ struct Sqs {
     name: String,
     url: String,
     client: pgoutbox_sqs::aws_sdk_sqs::Client,
+    /// In front of moto, for the outage checks.
+    proxy: TcpProxy,
 }
 
 impl Sqs {
@@ -20,7 +25,12 @@ impl Sqs {
         let name = unique("conformance", true);
         let client = common::publisher(&name).await.client().clone();
         let url = create_queue(&client, &name).await;
-        Self { name, url, client }
+        Self {
+            name,
+            url,
+            client,
+            proxy: TcpProxy::start(moto_addr()).expect("proxy in front of moto"),
+        }
     }
 }
 
@@ -66,6 +76,28 @@ impl ConformanceTarget for Sqs {
             .max_attempts(2)
             .build()
             .await?)
+    }
+}
+
+impl OutageTarget for Sqs {
+    async fn outage_publisher(&self) -> Result<SqsPublisher, BoxError> {
+        Ok(SqsConfig::new(&self.name)
+            .endpoint(format!("http://{}", self.proxy.addr()))
+            .region("us-east-1")
+            .credentials("test", "test")
+            .timeout(Duration::from_secs(3))
+            .connect_timeout(Duration::from_secs(1))
+            .max_attempts(1)
+            .build()
+            .await?)
+    }
+
+    fn cut(&self) {
+        self.proxy.cut();
+    }
+
+    fn restore(&self) {
+        self.proxy.restore();
     }
 }
 

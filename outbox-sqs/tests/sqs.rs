@@ -5,13 +5,12 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{closed_port, create_queue, read, unique};
+use common::{create_queue, read, unique};
 use pgoutbox_core::conformance::event;
 use pgoutbox_core::{Event, FailureKind, NewEvent, Outcome, Publisher, Relay, Store};
 use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
 use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
 use pgoutbox_sqs::aws_sdk_sqs::types::MessageSystemAttributeName;
-use pgoutbox_sqs::SqsConfig;
 use uuid::Uuid;
 
 fn ids(messages: &[pgoutbox_sqs::aws_sdk_sqs::types::Message]) -> Vec<Uuid> {
@@ -240,72 +239,5 @@ async fn oversize_entry_dead_letters_alone() {
         .into_iter()
         .collect();
     assert_eq!(got, good.into_iter().collect::<HashSet<_>>());
-    db.drop_schema().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn broker_outage_keeps_events_until_recovery() {
-    let db = db().await;
-    let name = unique("outage", false);
-    let up = common::publisher(&name).await;
-    let url = create_queue(up.client(), &name).await;
-    let mut tx = db.pool.begin().await.unwrap();
-    let mut sent = Vec::new();
-    for i in 0..8 {
-        let e = NewEvent::new(
-            "order",
-            format!("o-{i}"),
-            "order.created",
-            &serde_json::json!({"i": i}),
-        );
-        sent.push(db.outbox.enqueue(&mut tx, &e).await.unwrap());
-    }
-    tx.commit().await.unwrap();
-
-    // The broker is down: nothing listens where the relay sends.
-    let down = SqsConfig::new(&url)
-        .endpoint(format!("http://127.0.0.1:{}", closed_port()))
-        .region("us-east-1")
-        .credentials("test", "test")
-        .timeout(Duration::from_secs(3))
-        .connect_timeout(Duration::from_secs(1))
-        .max_attempts(1)
-        .build()
-        .await
-        .unwrap();
-    let relay = Relay::new(db.store(), down).with_config(broker_relay_config());
-    let report = relay.run_once().await.unwrap();
-    // No answer from the endpoint: an outage, which counts no attempt.
-    assert_eq!((report.retried, report.deferred), (0, 8), "{report:?}");
-    assert!(!relay.broker_health().is_up(), "the relay saw the outage");
-    let attempts: i64 = sqlx::query_scalar(&format!(
-        "SELECT coalesce(sum(attempts), 0) FROM {}.{}",
-        db.tables.schema().quoted(),
-        db.tables.events().quoted()
-    ))
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(attempts, 0, "the outage counted attempts");
-    assert_eq!(
-        relay.store().pending().await.unwrap(),
-        8,
-        "events stay in the outbox"
-    );
-    let dead = DeadLetters::new(db.pool.clone(), &db.outbox);
-    assert_eq!(dead.count(&DeadLetterFilter::default()).await.unwrap(), 0);
-
-    // Back up: the same outbox drains to the real endpoint.
-    let client = up.client().clone();
-    let relay = Relay::new(db.store(), up).with_config(broker_relay_config());
-    drain(&relay, Duration::from_secs(60)).await;
-    let got: HashSet<Uuid> = ids(&read(&client, &url, sent.len(), Duration::from_secs(20)).await)
-        .into_iter()
-        .collect();
-    assert_eq!(
-        got,
-        sent.into_iter().collect::<HashSet<_>>(),
-        "all delivered after recovery"
-    );
     db.drop_schema().await.unwrap();
 }

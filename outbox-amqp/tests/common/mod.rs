@@ -12,7 +12,8 @@ use pgoutbox_amqp::lapin::options::{
 use pgoutbox_amqp::lapin::types::FieldTable;
 use pgoutbox_amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use pgoutbox_amqp::{AmqpConfig, AmqpPublisher, AmqpRouting, Metadata};
-use pgoutbox_core::conformance::{BoxError, ConformanceTarget, ReceivedMessage};
+use pgoutbox_core::conformance::proxy::TcpProxy;
+use pgoutbox_core::conformance::{BoxError, ConformanceTarget, OutageTarget, ReceivedMessage};
 use pgoutbox_core::Event;
 
 /// The broker under test: `AMQP_URL`, or the local RabbitMQ.
@@ -39,6 +40,8 @@ pub struct AmqpTarget {
     pub queue: String,
     connection: Connection,
     channel: Channel,
+    /// In front of the broker, for the outage checks.
+    proxy: TcpProxy,
 }
 
 impl AmqpTarget {
@@ -84,6 +87,7 @@ impl AmqpTarget {
             queue,
             connection,
             channel,
+            proxy: TcpProxy::start(amqp_addr()).expect("proxy in front of RabbitMQ"),
         }
     }
 
@@ -168,5 +172,23 @@ impl ConformanceTarget for AmqpTarget {
             pgoutbox_core::conformance::proxy::closed_port()
         );
         Ok(self.config(&url).timeout(Duration::from_secs(2)).build()?)
+    }
+}
+
+impl OutageTarget for AmqpTarget {
+    async fn outage_publisher(&self) -> Result<AmqpPublisher, BoxError> {
+        Ok(self
+            .config(&url_via(self.proxy.addr()))
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await?)
+    }
+
+    fn cut(&self) {
+        self.proxy.cut();
+    }
+
+    fn restore(&self) {
+        self.proxy.restore();
     }
 }

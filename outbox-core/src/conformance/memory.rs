@@ -3,13 +3,13 @@
 //! with the fault it is meant to catch). Not a broker to test an adapter with.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use super::{BoxError, ConformanceTarget, ReceivedMessage};
+use super::{BoxError, ConformanceTarget, OutageTarget, ReceivedMessage};
 use crate::event::{Event, Headers};
-use crate::publisher::{Outcome, Publisher};
+use crate::publisher::{Outcome, PublishError, Publisher};
 
 /// How the stand-in publisher misbehaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +23,10 @@ pub enum Fault {
     DeliversRefusedLate,
     /// Messages arrive without the event's headers.
     DropsHeaders,
+    /// While the broker is down ([`OutageTarget::cut`]), messages fail as retryable
+    /// and [`Publisher::check`] passes: a publisher that cannot tell an outage from
+    /// failing messages.
+    HidesOutages,
     /// The first message of every other batch (the 1st, the 3rd, ...) arrives 200 ms
     /// late, after messages of later batches.
     DelaysOddBatchHeads,
@@ -58,6 +62,7 @@ impl Queue {
 pub struct MemoryPublisher {
     queue: Queue,
     fault: Fault,
+    down: Arc<AtomicBool>,
     /// Batches published so far.
     batches: AtomicUsize,
 }
@@ -81,6 +86,14 @@ impl MemoryPublisher {
 
 impl Publisher for MemoryPublisher {
     async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        if self.down.load(Ordering::SeqCst) {
+            let failed = if self.fault == Fault::HidesOutages {
+                Outcome::retryable("no answer")
+            } else {
+                Outcome::unavailable("the broker is down")
+            };
+            return vec![failed; events.len()];
+        }
         let mut outcomes = Vec::with_capacity(events.len());
         let odd_batch = self
             .batches
@@ -108,12 +121,20 @@ impl Publisher for MemoryPublisher {
         }
         outcomes
     }
+
+    async fn check(&self) -> Result<(), PublishError> {
+        if self.down.load(Ordering::SeqCst) && self.fault != Fault::HidesOutages {
+            return Err(PublishError::unavailable("the broker is down"));
+        }
+        Ok(())
+    }
 }
 
 /// A [`ConformanceTarget`] in memory with a [`Fault`]. Needs a Tokio runtime.
 pub struct MemoryBroker {
     queue: Queue,
     fault: Fault,
+    down: Arc<AtomicBool>,
 }
 
 impl MemoryBroker {
@@ -122,6 +143,7 @@ impl MemoryBroker {
         Self {
             queue: Queue::default(),
             fault,
+            down: Arc::default(),
         }
     }
 }
@@ -133,6 +155,7 @@ impl ConformanceTarget for MemoryBroker {
         Ok(MemoryPublisher {
             queue: self.queue.clone(),
             fault: self.fault,
+            down: Arc::clone(&self.down),
             batches: AtomicUsize::new(0),
         })
     }
@@ -159,5 +182,19 @@ impl ConformanceTarget for MemoryBroker {
 
     async fn unreachable_publisher(&self) -> Result<MemoryPublisher, BoxError> {
         Err("no unreachable broker in memory".into())
+    }
+}
+
+impl OutageTarget for MemoryBroker {
+    async fn outage_publisher(&self) -> Result<MemoryPublisher, BoxError> {
+        self.publisher().await
+    }
+
+    fn cut(&self) {
+        self.down.store(true, Ordering::SeqCst);
+    }
+
+    fn restore(&self) {
+        self.down.store(false, Ordering::SeqCst);
     }
 }

@@ -4,7 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pgoutbox_core::conformance::{BoxError, ConformanceTarget, ReceivedMessage};
+use pgoutbox_core::conformance::proxy::TcpProxy;
+use pgoutbox_core::conformance::{BoxError, ConformanceTarget, OutageTarget, ReceivedMessage};
 use pgoutbox_core::Event;
 use pgoutbox_nats::async_nats::jetstream::stream::StorageType;
 use pgoutbox_nats::{EventConsumer, EventMessage, NatsConfig, NatsPublisher, SubjectRouting};
@@ -31,6 +32,8 @@ pub struct NatsTarget {
     /// Publisher on the real server (also used for administration).
     pub admin: NatsPublisher,
     pub consumer: EventConsumer,
+    /// In front of the server, for the outage checks.
+    pub proxy: TcpProxy,
 }
 
 impl NatsTarget {
@@ -57,6 +60,7 @@ impl NatsTarget {
             stream,
             admin,
             consumer,
+            proxy: TcpProxy::start(nats_addr()).expect("proxy in front of NATS"),
         }
     }
 
@@ -142,5 +146,23 @@ impl ConformanceTarget for NatsTarget {
             .timeout(Duration::from_secs(2))
             .build()
             .await?)
+    }
+}
+
+impl OutageTarget for NatsTarget {
+    async fn outage_publisher(&self) -> Result<NatsPublisher, BoxError> {
+        Ok(self
+            .config(&format!("nats://{}", self.proxy.addr()))
+            .timeout(Duration::from_millis(700))
+            .connect()
+            .await?)
+    }
+
+    fn cut(&self) {
+        self.proxy.cut();
+    }
+
+    fn restore(&self) {
+        self.proxy.restore();
     }
 }

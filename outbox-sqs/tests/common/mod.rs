@@ -33,6 +33,19 @@ pub fn endpoint() -> String {
     endpoint
 }
 
+/// moto's address, for a proxy in front of it.
+pub fn moto_addr() -> std::net::SocketAddr {
+    let endpoint = endpoint();
+    let authority = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    std::net::ToSocketAddrs::to_socket_addrs(&authority)
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("cannot resolve moto's address {endpoint}"))
+}
+
 /// A config for moto with static test credentials.
 pub fn config(queue: &str) -> SqsConfig {
     SqsConfig::new(queue)

@@ -154,6 +154,21 @@ impl KafkaConfig {
         self
     }
 
+    /// The topics this configuration names: the default topic and every route's,
+    /// sorted, without repeats (topics from the prefix rule are not known in
+    /// advance). For creating them up front ([`KafkaConfig::ensure_topic`]).
+    pub fn named_topics(&self) -> Vec<String> {
+        let mut topics: std::collections::BTreeSet<String> = self
+            .routing
+            .by_aggregate_type
+            .values()
+            .chain(self.routing.by_event_type.values())
+            .cloned()
+            .collect();
+        topics.extend(self.routing.default_topic.clone());
+        topics.into_iter().collect()
+    }
+
     /// Send events of this aggregate type to `topic`. Defaults to no such route.
     pub fn route_aggregate_type(
         mut self,
@@ -331,6 +346,17 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    #[test]
+    fn named_topics_are_the_default_and_the_routes() {
+        let config = KafkaConfig::new("a:1")
+            .topic("events")
+            .route_aggregate_type("order", "orders")
+            .route_event_type("order.paid", "payments")
+            .route_event_type("order.shipped", "orders");
+        assert_eq!(config.named_topics(), ["events", "orders", "payments"]);
+        assert!(KafkaConfig::new("a:1").named_topics().is_empty());
     }
 
     #[test]

@@ -107,7 +107,8 @@ pub(crate) enum Spec {
     #[cfg(feature = "amqp")]
     Amqp(pgoutbox_amqp::AmqpConfig),
     #[cfg(feature = "kafka")]
-    Kafka(pgoutbox_kafka::KafkaConfig),
+    /// The config, and the partitions of topics to create when missing.
+    Kafka(pgoutbox_kafka::KafkaConfig, Option<i32>),
     #[cfg(feature = "sqs")]
     Sqs(pgoutbox_sqs::SqsConfig),
 }
@@ -220,12 +221,27 @@ impl Spec {
             #[cfg(feature = "amqp")]
             Self::Amqp(config) => Arc::new(config.build().map_err(invalid)?),
             #[cfg(feature = "kafka")]
-            Self::Kafka(config) => Arc::new(config.build().map_err(invalid)?),
+            Self::Kafka(config, partitions) => {
+                if let Some(partitions) = partitions {
+                    for topic in config.named_topics() {
+                        config
+                            .ensure_topic(&topic, partitions, KAFKA_TOPIC_TIMEOUT)
+                            .await
+                            .map_err(|e| Failure::runtime(format!("broker: {e}")))?;
+                        tracing::info!(%topic, partitions, "kafka topic ready");
+                    }
+                }
+                Arc::new(config.build().map_err(invalid)?)
+            }
             #[cfg(feature = "sqs")]
             Self::Sqs(config) => Arc::new(config.build().await.map_err(invalid)?),
         })
     }
 }
+
+/// Longest wait for a Kafka topic to be created and get its partition leaders.
+#[cfg(feature = "kafka")]
+const KAFKA_TOPIC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A broker setting the adapter refused.
 #[cfg_attr(
@@ -385,7 +401,15 @@ fn read_kind(
             for (aggregate_type, topic) in &routing.aggregate_type {
                 config = config.route_aggregate_type(aggregate_type, topic);
             }
-            Ok(Spec::Kafka(config))
+            match file.create_topics_with_partitions {
+                Some(n) if n < 1 => Err(bad(&format!(
+                    "create_topics_with_partitions = {n}: expected at least 1"
+                ))),
+                Some(_) if config.named_topics().is_empty() => Err(bad(
+                    &"create_topics_with_partitions names no topic: set topic or [routing] rules",
+                )),
+                partitions => Ok(Spec::Kafka(config, partitions)),
+            }
         }
         #[cfg(feature = "sqs")]
         "sqs" => {

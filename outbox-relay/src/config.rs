@@ -326,6 +326,10 @@ pub(crate) struct KafkaSection {
     pub(crate) delivery_timeout: Option<Dur>,
     pub(crate) queue_timeout: Option<Dur>,
     pub(crate) sasl_password_file: Option<String>,
+    /// Create the topics named by `topic` and `[routing]` when missing, with this
+    /// many partitions, before the relay starts (for clusters that do not create
+    /// topics on first use). Not an environment variable: a deployment decision.
+    pub(crate) create_topics_with_partitions: Option<i32>,
     /// librdkafka properties, e.g. `"security.protocol" = "SASL_SSL"`.
     pub(crate) properties: BTreeMap<String, String>,
 }

@@ -175,19 +175,25 @@ async fn relay_publishes_to_rabbitmq() {
 async fn relay_publishes_to_kafka_on_tansu() {
     use pgoutbox_kafka::rdkafka::config::ClientConfig;
     use pgoutbox_kafka::rdkafka::consumer::{Consumer, StreamConsumer};
-    use pgoutbox_kafka::KafkaConfig;
 
     let brokers = env("OUTBOX_TANSU_BROKERS");
     let topic = format!("relaytest-{}", &Uuid::new_v4().simple().to_string()[..12]);
-    // The operator creates the topic (tansu, like most managed clusters, creates none
-    // on first use).
-    KafkaConfig::new(&brokers)
-        .ensure_topic(&topic, 3, Duration::from_secs(30))
-        .await
-        .unwrap();
+    // tansu, like most managed clusters, creates no topic on first use: the binary
+    // creates it at start (`create_topics_with_partitions`); 0 partitions is refused.
+    let section = format!(
+        "[broker]\nkind = \"kafka\"\n[broker.kafka]\nbrokers = \"{brokers}\"\ntopic = \"{topic}\"\n"
+    );
+    let zero = Config::new(&format!("{section}create_topics_with_partitions = 0\n"));
+    let refused = command(&zero.path, &["relay"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("create_topics_with_partitions = 0: expected at least 1"),
+        "{stderr}"
+    );
 
     let (outbox, runs) = publish_through_binary(
-        &format!("[broker]\nkind = \"kafka\"\n[broker.kafka]\nbrokers = \"{brokers}\"\ntopic = \"{topic}\"\n"),
+        &format!("{section}create_topics_with_partitions = 3\n"),
         &[],
     )
     .await;

@@ -3,12 +3,13 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use pgoutbox_core::{DeadLetter, DeadLetterAdmin, DeadLetterFilter, StatsAdmin};
+use pgoutbox_core::{DeadLetter, DeadLetterAdmin, DeadLetterFilter, Publisher, StatsAdmin};
 use pgoutbox_postgres::{Cleanup, DeadLetters, PgStore, Retention, Wakeup};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::broker::{Prepare, Spec};
 use crate::config::Settings;
 use crate::db::{self, Role};
 use crate::failure::{self, Failure};
@@ -89,6 +90,33 @@ pub(crate) async fn migrate(settings: &Settings, args: &MigrateArgs) -> Result<(
     );
     pool.close().await;
     Ok(())
+}
+
+/// `outbox check`: the configuration (already read), the database, the broker.
+pub(crate) async fn check(settings: &Settings, broker: Spec) -> Result<(), Failure> {
+    println!("config    ok");
+    let pool = connect_migrated(settings).await?;
+    println!(
+        "database  ok: reachable, outbox {} migrated",
+        settings.tables.outbox_name()
+    );
+    pool.close().await;
+    let name = broker.name().to_string();
+    let publisher = broker.build(Prepare::No).await?;
+    let limit = settings.check_timeout;
+    match tokio::time::timeout(limit, Publisher::check(&publisher)).await {
+        Ok(Ok(())) => {
+            println!("broker    ok: {name} reachable");
+            Ok(())
+        }
+        Ok(Err(error)) => Err(Failure::runtime(format!(
+            "broker {name}: not reachable: {error}"
+        ))),
+        Err(_) => Err(Failure::runtime(format!(
+            "broker {name}: no answer within {}",
+            humantime::format_duration(limit)
+        ))),
+    }
 }
 
 /// `outbox stats`.

@@ -94,6 +94,14 @@ fn names(custom: &CustomBrokers) -> Vec<&str> {
     names
 }
 
+/// Whether building a publisher also creates what the configuration asks for
+/// (a JetStream stream, Kafka topics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Prepare {
+    Yes,
+    No,
+}
+
 /// A broker configuration read and checked, not connected yet.
 pub(crate) enum Spec {
     Stdout,
@@ -194,8 +202,11 @@ impl Spec {
     }
 
     /// Create the publisher. Adapters connect lazily, so a relay can start while its
-    /// broker is down; `/readyz` tells when it is reachable.
-    pub(crate) async fn build(self) -> Result<BrokerPublisher, Failure> {
+    /// broker is down; `/readyz` tells when it is reachable. With `Prepare::Yes`
+    /// the configured JetStream stream and Kafka topics are created when missing
+    /// (`outbox check` leaves them alone).
+    pub(crate) async fn build(self, prepare: Prepare) -> Result<BrokerPublisher, Failure> {
+        let prepare = prepare == Prepare::Yes;
         Ok(match self {
             Self::Stdout => Arc::new(StdoutPublisher),
             Self::Custom {
@@ -209,7 +220,7 @@ impl Spec {
             #[cfg(feature = "nats")]
             Self::Nats(config, stream) => {
                 let publisher = config.build().await.map_err(invalid)?;
-                if let Some(name) = stream {
+                if let (true, Some(name)) = (prepare, stream) {
                     let stream_config = publisher.stream_config(&name);
                     publisher
                         .ensure_stream(stream_config)
@@ -222,7 +233,7 @@ impl Spec {
             Self::Amqp(config) => Arc::new(config.build().map_err(invalid)?),
             #[cfg(feature = "kafka")]
             Self::Kafka(config, partitions) => {
-                if let Some(partitions) = partitions {
+                if let (true, Some(partitions)) = (prepare, partitions) {
                     for topic in config.named_topics() {
                         config
                             .ensure_topic(&topic, partitions, KAFKA_TOPIC_TIMEOUT)

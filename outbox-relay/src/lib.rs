@@ -89,6 +89,10 @@ enum Command {
     /// Publish outbox events to the broker until SIGTERM/SIGINT; serves /metrics,
     /// /healthz and /readyz.
     Relay,
+    /// Check the configuration, the database (reachable, outbox migrated) and the
+    /// broker (reachable), print what was checked, and exit: 0 when everything
+    /// passes. Creates nothing.
+    Check,
     /// Create or update the outbox schema (idempotent).
     Migrate(admin::MigrateArgs),
     /// Inspect, retry or purge dead letters.
@@ -160,7 +164,7 @@ fn run(cli: Cli, custom: &CustomBrokers) -> Result<(), Failure> {
     broker::check_sections(&settings, custom)?;
     // Broker settings are read (and validated) before the runtime starts: a bad one is a config error.
     let broker = match cli.command {
-        Command::Relay => Some(broker::Spec::read(&settings, custom)?),
+        Command::Relay | Command::Check => Some(broker::Spec::read(&settings, custom)?),
         _ => None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -170,7 +174,10 @@ fn run(cli: Cli, custom: &CustomBrokers) -> Result<(), Failure> {
     runtime.block_on(async move {
         match (cli.command, broker) {
             (Command::Relay, Some(broker)) => serve::run(settings, broker).await,
-            (Command::Relay, None) => Err(Failure::runtime("no broker configured")),
+            (Command::Check, Some(broker)) => admin::check(&settings, broker).await,
+            (Command::Relay | Command::Check, None) => {
+                Err(Failure::runtime("no broker configured"))
+            }
             (Command::Migrate(args), _) => admin::migrate(&settings, &args).await,
             (Command::DeadLetters(command), _) => admin::dead_letters(&settings, command).await,
             (Command::Stats { json }, _) => admin::stats(&settings, json).await,

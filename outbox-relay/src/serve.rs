@@ -8,7 +8,7 @@ use pgoutbox_core::{Relay, RetentionAdmin, StoreError};
 use pgoutbox_postgres::{Cleanup, PgStore, Retention};
 use tokio::sync::watch;
 
-use crate::broker::Spec;
+use crate::broker::{Prepare, Spec};
 use crate::config::Settings;
 use crate::db::{self, Role};
 use crate::exporter;
@@ -30,7 +30,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     let pool = db::connect(database, Role::Relay).await?;
     db::ensure_migrated(&pool, &settings.tables).await?;
     let broker_name = broker.name().to_string();
-    let publisher = broker.build().await?;
+    let publisher = broker.build(Prepare::Yes).await?;
     let store = PgStore::new(pool.clone(), settings.tables.clone())
         .with_config(settings.store)
         .with_wakeup(settings.wakeup.clone());

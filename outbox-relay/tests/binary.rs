@@ -693,3 +693,48 @@ async fn relay_publishes_to_nats_jetstream() {
     assert_eq!(messages, ids.len() as u64);
     outbox.drop_schema().await.unwrap();
 }
+
+/// `outbox check`: exit 0 with one line per part when the database is reachable,
+/// the outbox migrated and the broker reachable; otherwise exit 1 naming the part
+/// that failed (and never a password).
+#[tokio::test(flavor = "multi_thread")]
+async fn check_reports_the_database_and_the_broker() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let config = Config::for_schema(outbox.tables.schema().as_str(), "0");
+    let out = ok(&config.path, &["check"]);
+    assert!(out.contains("config    ok"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "database  ok: reachable, outbox {}.outbox_events migrated",
+            outbox.tables.schema().as_str()
+        )),
+        "{out}"
+    );
+    assert!(out.contains("broker    ok: stdout reachable"), "{out}");
+
+    let unmigrated = Config::for_schema("outbox_check_no_such_schema", "0");
+    let failed = run(&unmigrated.path, &["check"]);
+    assert_eq!(failed.status.code(), Some(1));
+    assert!(
+        text(&failed.stderr).contains("run `outbox migrate`"),
+        "{}",
+        text(&failed.stderr)
+    );
+
+    if cfg!(feature = "nats") {
+        let text_config = std::fs::read_to_string(&config.path).unwrap().replace(
+            "kind = \"stdout\"",
+            "kind = \"nats\"\n[broker.nats]\nurl = \"nats://app:pw-sentinel@127.0.0.1:1\"\ntimeout = \"1s\"",
+        );
+        let down = Config::new(&text_config);
+        let failed = run(&down.path, &["check"]);
+        let stderr = text(&failed.stderr);
+        assert_eq!(failed.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("outbox: broker nats: not reachable"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("pw-sentinel"), "{stderr}");
+    }
+    outbox.drop_schema().await.unwrap();
+}

@@ -27,8 +27,9 @@ const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 /// One `#[tokio::test]` per check of this module, each on a fresh target (the same
 /// forms as `pgoutbox_core::conformance_tests!`): `relay_conformance_tests!(make)` or
-/// `relay_conformance_tests!(make, cleanup)` run [`relay_end_to_end`] and, for a
-/// target that is an [`OutageTarget`], [`relay_outage_loses_nothing`];
+/// `relay_conformance_tests!(make, cleanup)` run [`relay_end_to_end`],
+/// [`relay_refused_event_is_a_dead_letter_alone`] and, for a target that is an
+/// [`OutageTarget`], [`relay_outage_loses_nothing`];
 /// `relay_conformance_tests!(make, cleanup, no_outage)` leaves the outage out, for a
 /// broker a test cannot take away (say why where you use it). Needs PostgreSQL at
 /// `DATABASE_URL`.
@@ -39,10 +40,12 @@ macro_rules! relay_conformance_tests {
     };
     ($make:expr, $cleanup:expr) => {
         $crate::__core::conformance_tests!(@checks_of $crate; $make, $cleanup;
-            relay_end_to_end, relay_outage_loses_nothing);
+            relay_end_to_end, relay_refused_event_is_a_dead_letter_alone,
+            relay_outage_loses_nothing);
     };
     ($make:expr, $cleanup:expr, no_outage) => {
-        $crate::__core::conformance_tests!(@checks_of $crate; $make, $cleanup; relay_end_to_end);
+        $crate::__core::conformance_tests!(@checks_of $crate; $make, $cleanup;
+            relay_end_to_end, relay_refused_event_is_a_dead_letter_alone);
     };
 }
 
@@ -118,6 +121,124 @@ pub async fn relay_end_to_end<T: ConformanceTarget>(target: &T) {
         .unwrap_or_else(|e| panic!("relay_end_to_end: per-aggregate order: {e}"));
     let pending = db.store().pending().await.expect("pending");
     assert_eq!(pending, 0, "relay_end_to_end: events left in the outbox");
+    db.drop_schema().await.expect("drop schema");
+}
+
+/// An event the broker refuses for good ([`ConformanceTarget::refused`]), stored in
+/// PostgreSQL like any other, is dead-lettered after one attempt with the broker's
+/// reason, and holds back its own aggregate only: the aggregate's next event stays
+/// pending (the default `AfterDeadLetter::Block`), events of other aggregates,
+/// before and after it in the table, are published.
+pub async fn relay_refused_event_is_a_dead_letter_alone<T: ConformanceTarget>(target: &T) {
+    let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let publisher = target.publisher().await.expect("publisher");
+    let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
+
+    let new = |aggregate: &str, n: i64| {
+        NewEvent::new(
+            "conformance_order",
+            aggregate,
+            "conformance.order.changed",
+            &serde_json::json!({ "n": n }),
+        )
+    };
+    // The refused event as the target makes it, back into a `NewEvent`.
+    let refused = {
+        let event = target.refused(pgoutbox_core::conformance::event(
+            "conformance_order",
+            "poison",
+            "conformance.order.changed",
+            0,
+        ));
+        let payload: serde_json::Value =
+            serde_json::from_str(event.payload_str()).expect("the refused event's JSON");
+        let mut new = NewEvent::new(
+            &event.aggregate_type,
+            &event.aggregate_id,
+            &event.event_type,
+            &payload,
+        );
+        if let Some(destination) = &event.destination {
+            new = new.with_destination(destination);
+        }
+        new
+    };
+    let follower = new("poison", 1);
+    let events = vec![new("a", 0), refused.clone(), follower.clone(), new("b", 0)];
+    db.enqueue_committed(&events).await.expect("enqueue");
+    let good: HashSet<Uuid> = [events[0].id, events[3].id].into_iter().collect();
+    let dead = crate::DeadLetters::new(db.pool.clone(), &db.outbox);
+
+    let work = async {
+        let received = read_back(
+            "relay_refused_event_is_a_dead_letter_alone",
+            target,
+            &good,
+            Some(refused.id),
+        )
+        .await;
+        let deadline = Instant::now() + RECEIVE_TIMEOUT;
+        while dead
+            .count(&DeadLetterFilter::default())
+            .await
+            .expect("dead letters")
+            == 0
+        {
+            assert!(
+                Instant::now() < deadline,
+                "relay_refused_event_is_a_dead_letter_alone: no dead letter within {RECEIVE_TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Whatever a broker might still deliver late.
+        let mut ids: Vec<Uuid> = received.iter().map(|m| m.id).collect();
+        ids.extend(
+            target
+                .receive(100, NOT_RECEIVED_WAIT)
+                .await
+                .expect("receive")
+                .iter()
+                .map(|m| m.id),
+        );
+        ids
+    };
+    let received = run_relay_while(&relay, work, DEADLINE)
+        .await
+        .expect("relay_refused_event_is_a_dead_letter_alone: the relay did not stop in time");
+    assert!(
+        !received.contains(&refused.id),
+        "relay_refused_event_is_a_dead_letter_alone: the refused event was delivered"
+    );
+    assert!(
+        !received.contains(&follower.id),
+        "relay_refused_event_is_a_dead_letter_alone: the dead letter's follower overtook it"
+    );
+    let letter = dead
+        .show(refused.id)
+        .await
+        .expect("show")
+        .unwrap_or_else(|| {
+            panic!(
+                "relay_refused_event_is_a_dead_letter_alone: the refused event is no dead letter"
+            )
+        });
+    assert_eq!(
+        letter.event.attempts, 1,
+        "relay_refused_event_is_a_dead_letter_alone: a permanent failure was retried"
+    );
+    assert!(
+        letter
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("permanent")),
+        "relay_refused_event_is_a_dead_letter_alone: last error {:?}",
+        letter.last_error
+    );
+    assert_eq!(
+        db.store().pending().await.expect("pending"),
+        1,
+        "relay_refused_event_is_a_dead_letter_alone: only the follower should be pending"
+    );
     db.drop_schema().await.expect("drop schema");
 }
 

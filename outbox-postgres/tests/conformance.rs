@@ -2,7 +2,8 @@
 //! `pgoutbox_core::conformance::memory` (through the real relay and PostgreSQL),
 //! `relay_end_to_end` passes with an honest publisher and fails with one that drops
 //! the events' headers and with one that delivers an aggregate's events out of
-//! order; `relay_outage_loses_nothing` passes with an honest publisher and fails
+//! order; `relay_refused_event_is_a_dead_letter_alone` fails with one that reports
+//! a refused message as failed but delivers it later; `relay_outage_loses_nothing` passes with an honest publisher and fails
 //! with one that reports an outage as failing messages. The checks' real users are the broker crates, against their real brokers.
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
@@ -38,4 +39,22 @@ async fn relay_outage_check_fails_when_an_outage_looks_like_failing_messages() {
     assert!(!fails(conformance::relay_outage_loses_nothing(&honest)).await);
     let hiding = MemoryBroker::new(Fault::HidesOutages);
     assert!(fails(conformance::relay_outage_loses_nothing(&hiding)).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_refused_check_fails_when_the_refused_message_arrives_late() {
+    let honest = MemoryBroker::new(Fault::None);
+    assert!(
+        !fails(conformance::relay_refused_event_is_a_dead_letter_alone(
+            &honest
+        ))
+        .await
+    );
+    let late = MemoryBroker::new(Fault::DeliversRefusedLate);
+    assert!(
+        fails(conformance::relay_refused_event_is_a_dead_letter_alone(
+            &late
+        ))
+        .await
+    );
 }

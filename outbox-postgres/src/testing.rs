@@ -100,3 +100,32 @@ impl TestOutbox {
         Ok(())
     }
 }
+
+impl Drop for TestOutbox {
+    /// A test that fails (panics) before [`TestOutbox::drop_schema`] would leave its
+    /// schema behind in the test database: drop it then, on a connection of its own
+    /// (the pool may be unusable by now). Nothing happens when no panic is unwinding.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let statement = format!(
+            "DROP SCHEMA IF EXISTS {} CASCADE",
+            self.tables.schema().quoted()
+        );
+        // A runtime of its own on a thread of its own: this may run inside another
+        // runtime's worker, which must not block on a future itself.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                use sqlx::Connection;
+                let mut connection = sqlx::PgConnection::connect(&database_url()).await.ok()?;
+                sqlx::raw_sql(&statement).execute(&mut connection).await.ok()
+            })
+        })
+        .join();
+    }
+}

@@ -123,7 +123,10 @@ impl Drop for TestOutbox {
             runtime.block_on(async {
                 use sqlx::Connection;
                 let mut connection = sqlx::PgConnection::connect(&database_url()).await.ok()?;
-                sqlx::raw_sql(&statement).execute(&mut connection).await.ok()
+                sqlx::raw_sql(&statement)
+                    .execute(&mut connection)
+                    .await
+                    .ok()
             })
         })
         .join();

@@ -126,6 +126,55 @@ impl PublishError {
 /// publisher cannot tell, it reports `Retryable`; the relay then asks
 /// [`Publisher::check`] once a whole wave of a batch failed, and treats the failures
 /// as an outage if the check fails too.
+///
+/// A publisher of your own drives a [`crate::Relay`] like the built-in ones (and the
+/// `outbox` binary through `pgoutbox_relay::App::broker`); run the conformance
+/// suites against your real broker (`conformance_tests!`, and
+/// `pgoutbox_postgres::relay_conformance_tests!` through the relay):
+///
+/// ```no_run
+/// use pgoutbox_core::{Event, Outcome, PublishError, Publisher, Relay, Store};
+///
+/// /// Posts each event to an HTTP endpoint, the event id as idempotency key.
+/// struct Webhook {
+///     url: String,
+/// }
+///
+/// impl Webhook {
+///     /// Your HTTP client here: the response status, or `None` without an answer.
+///     async fn post(&self, _event: &Event) -> Option<u16> {
+///         Some(200)
+///     }
+/// }
+///
+/// impl Publisher for Webhook {
+///     async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+///         let mut outcomes = Vec::with_capacity(events.len());
+///         for event in events {
+///             outcomes.push(match self.post(event).await {
+///                 Some(200..=299) => Outcome::Published,
+///                 // Refused for good: dead-lettered at once.
+///                 Some(status @ 400..=499) => {
+///                     Outcome::permanent(format!("{} refused {}: {status}", self.url, event.id))
+///                 }
+///                 Some(status) => Outcome::retryable(format!("{} answered {status}", self.url)),
+///                 // No answer: the endpoint as a whole, no attempt counted.
+///                 None => Outcome::unavailable(format!("{} does not answer", self.url)),
+///             });
+///         }
+///         outcomes
+///     }
+///
+///     async fn check(&self) -> Result<(), PublishError> {
+///         Ok(()) // e.g. a HEAD request; fail with PublishError::unavailable
+///     }
+/// }
+///
+/// async fn run(store: impl Store, shutdown: impl std::future::Future<Output = ()> + Send) {
+///     let webhook = Webhook { url: "https://billing.example/events".into() };
+///     Relay::new(store, webhook).run(shutdown).await;
+/// }
+/// ```
 pub trait Publisher: Send + Sync {
     /// Publish `events`, concurrently where the broker allows, and report each outcome.
     fn publish(&self, events: &[Event]) -> impl Future<Output = Vec<Outcome>> + Send;

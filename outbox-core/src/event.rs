@@ -43,8 +43,8 @@ pub struct Event {
 }
 
 impl Event {
-    /// An event as a store hands it to the relay: `seq` 0, no headers, no
-    /// destination, written now, no attempts yet. A store sets the other fields
+    /// An event as a store hands it to the relay, written at `created_at`: `seq` 0,
+    /// no headers, no destination, no attempts yet. A store sets the other fields
     /// from its row (the struct is `#[non_exhaustive]`: fields may be added, so it
     /// is built with this and then assigned, not with a struct expression).
     pub fn new(
@@ -53,6 +53,7 @@ impl Event {
         aggregate_id: impl Into<String>,
         event_type: impl Into<String>,
         payload: Box<RawValue>,
+        created_at: DateTime<Utc>,
     ) -> Self {
         Self {
             id,
@@ -63,7 +64,7 @@ impl Event {
             payload,
             headers: Headers::new(),
             destination: None,
-            created_at: Utc::now(),
+            created_at,
             attempts: 0,
         }
     }

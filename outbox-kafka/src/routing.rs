@@ -88,6 +88,7 @@ mod tests {
             "1",
             event_type,
             payload,
+            chrono::Utc::now(),
         );
         event.destination = destination.map(Into::into);
         event

@@ -96,11 +96,11 @@ pub(crate) fn event(row: &PgRow) -> Result<Event, sqlx::Error> {
         get::<String>(row, AGGREGATE_ID)?,
         get::<String>(row, EVENT_TYPE)?,
         RawValue::from_string(payload).map_err(|e| decode(PAYLOAD.1, e))?,
+        get(row, CREATED_AT)?,
     );
     event.seq = get(row, SEQ)?;
     event.headers = serde_json::from_str::<Headers>(headers).map_err(|e| decode(HEADERS.1, e))?;
     event.destination = get(row, DESTINATION)?;
-    event.created_at = get(row, CREATED_AT)?;
     event.attempts = u32::try_from(attempts).unwrap_or(0);
     Ok(event)
 }

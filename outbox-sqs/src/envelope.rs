@@ -176,7 +176,14 @@ mod tests {
 
     fn event(headers: &[(&str, &str)]) -> Event {
         let payload = serde_json::value::RawValue::from_string("{}".into()).unwrap();
-        let mut event = Event::new(Uuid::now_v7(), "order", "1", "order.created", payload);
+        let mut event = Event::new(
+            Uuid::now_v7(),
+            "order",
+            "1",
+            "order.created",
+            payload,
+            chrono::Utc::now(),
+        );
         event.headers = headers
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

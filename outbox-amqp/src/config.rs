@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lapin::uri::AMQPUri;
+use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::redact_url;
 
 use crate::error::{Error, Result};
@@ -42,6 +43,8 @@ pub struct AmqpConfig {
     /// A CA certificate file (PEM) to trust for an `amqps://` URL, for a broker
     /// certificate of your own CA; else the system's roots. Defaults to none.
     pub tls_ca_file: Option<PathBuf>,
+    /// How events become messages: the outbox envelope (default) or CloudEvents.
+    pub envelope: Envelope,
 }
 
 impl std::fmt::Debug for AmqpConfig {
@@ -53,6 +56,7 @@ impl std::fmt::Debug for AmqpConfig {
             .field("connection_name", &self.connection_name)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("envelope", &self.envelope)
             .finish()
     }
 }
@@ -73,6 +77,7 @@ impl AmqpConfig {
             connection_name: "pgoutbox-relay".into(),
             password: None,
             tls_ca_file: None,
+            envelope: Envelope::default(),
         }
     }
 
@@ -86,6 +91,7 @@ impl AmqpConfig {
     /// | `OUTBOX_AMQP_CONNECTION_NAME` | [`AmqpConfig::connection_name`] |
     /// | `OUTBOX_AMQP_PASSWORD_FILE` | [`AmqpConfig::password`], read from this file |
     /// | `OUTBOX_AMQP_TLS_CA` | [`AmqpConfig::tls_ca_file`] |
+    /// | `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*` | [`AmqpConfig::envelope`] ([`Envelope::from_lookup`]) |
     ///
     /// Unset or empty variables keep the default; unparsable ones are an error.
     pub fn from_env() -> Result<Self> {
@@ -124,6 +130,8 @@ impl AmqpConfig {
             config.password = Some(password);
         }
         config.tls_ca_file = var("OUTBOX_AMQP_TLS_CA").map(PathBuf::from);
+        config.envelope =
+            Envelope::from_lookup(var).map_err(|e| Error::config("envelope", e.to_string()))?;
         Ok(config)
     }
 
@@ -131,6 +139,13 @@ impl AmqpConfig {
     #[must_use]
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = url.into();
+        self
+    }
+
+    /// Encode events with this envelope. See [`AmqpConfig::envelope`].
+    #[must_use]
+    pub fn envelope(mut self, envelope: Envelope) -> Self {
+        self.envelope = envelope;
         self
     }
 

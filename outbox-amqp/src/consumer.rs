@@ -3,7 +3,7 @@
 use chrono::DateTime;
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
-use pgoutbox_core::envelope::{self, Metadata};
+use pgoutbox_core::envelope::Metadata;
 
 use crate::error::{Error, Result};
 use crate::headers;
@@ -53,6 +53,11 @@ pub fn metadata(delivery: &Delivery) -> Result<Metadata> {
     if !valid_time {
         pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(headers::CREATED_AT));
     }
-    envelope::Metadata::from_headers(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .map_err(|e| not_event(e.to_string()))
+    Metadata::from_message(
+        &headers::BINDING,
+        pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        props.content_type().as_ref().map(|t| t.as_str()),
+        &delivery.data,
+    )
+    .map_err(|e| not_event(e.to_string()))
 }

@@ -11,8 +11,9 @@ mod tls;
 pub use config::{AmqpConfig, DEFAULT_URL};
 pub use consumer::metadata;
 pub use error::{Error, Result};
-/// The outbox metadata of a received message: one type for every adapter.
-pub use pgoutbox_core::envelope::Metadata;
+/// The envelope settings (outbox or CloudEvents), and the metadata of a received
+/// message in any envelope: one type for every adapter.
+pub use pgoutbox_core::envelope::{CloudEvents, Envelope, Metadata};
 pub use publisher::AmqpPublisher;
 pub use routing::{validate_exchange, AmqpRouting, Route, MAX_SHORT_STRING};
 

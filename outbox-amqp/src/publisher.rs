@@ -1,5 +1,6 @@
 //! The RabbitMQ [`Publisher`]: publisher confirms, `mandatory`, reconnect on loss.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use tokio::sync::Mutex;
 
 use crate::config::AmqpConfig;
 use crate::error::{Error, Result};
+use crate::headers;
 use crate::routing::{AmqpRouting, MAX_SHORT_STRING};
 
 /// Publishes outbox events to RabbitMQ (AMQP 0.9.1).
@@ -34,6 +36,14 @@ use crate::routing::{AmqpRouting, MAX_SHORT_STRING};
 #[derive(Debug, Clone)]
 pub struct AmqpPublisher {
     inner: Arc<Inner>,
+}
+
+/// One event as an AMQP message.
+struct Outgoing<'e> {
+    exchange: String,
+    routing_key: String,
+    properties: BasicProperties,
+    body: Cow<'e, [u8]>,
 }
 
 #[derive(Debug)]
@@ -165,8 +175,8 @@ impl AmqpPublisher {
             })
     }
 
-    /// Exchange, routing key and properties of `event`; an error text is permanent.
-    fn message(&self, event: &Event) -> Result<(String, String, BasicProperties), String> {
+    /// The message for `event`; an error text is permanent.
+    fn message<'e>(&self, event: &'e Event) -> Result<Outgoing<'e>, String> {
         let route = self.routing().route(event)?;
         let mut table = FieldTable::default();
         let mut insert = |name: &str, value: &str| -> Result<(), String> {
@@ -179,20 +189,27 @@ impl AmqpPublisher {
             );
             Ok(())
         };
-        for (name, value) in pgoutbox_core::envelope::headers(event) {
-            insert(name, &value)?;
+        let encoded = self.inner.config.envelope.encode(event, &headers::BINDING);
+        for (name, value) in encoded.all_headers() {
+            insert(name, value)?;
         }
         let id = event.id.to_string();
+        let content_type = encoded.content_type.unwrap_or("application/json");
         let mut properties = BasicProperties::default()
             .with_message_id(id.into())
-            .with_content_type("application/json".into())
+            .with_content_type(content_type.into())
             .with_delivery_mode(2)
             .with_timestamp(u64::try_from(event.created_at.timestamp()).unwrap_or(0))
             .with_headers(table);
         if event.event_type.len() <= MAX_SHORT_STRING {
             properties = properties.with_type(event.event_type.as_str().into());
         }
-        Ok((route.exchange, route.routing_key, properties))
+        Ok(Outgoing {
+            exchange: route.exchange,
+            routing_key: route.routing_key,
+            properties,
+            body: encoded.body,
+        })
     }
 
     async fn send(
@@ -200,20 +217,18 @@ impl AmqpPublisher {
         channel: &Channel,
         event: &Event,
     ) -> Result<PublisherConfirm, PublishError> {
-        let (exchange, routing_key, properties) =
-            self.message(event).map_err(PublishError::permanent)?;
+        let Outgoing {
+            exchange,
+            routing_key,
+            properties,
+            body,
+        } = self.message(event).map_err(PublishError::permanent)?;
         let options = BasicPublishOptions {
             mandatory: true,
             immediate: false,
         };
         let timeout = self.inner.config.timeout;
-        let publish = channel.basic_publish(
-            &exchange,
-            &routing_key,
-            options,
-            event.payload_str().as_bytes(),
-            properties,
-        );
+        let publish = channel.basic_publish(&exchange, &routing_key, options, &body, properties);
         match tokio::time::timeout(timeout, publish).await {
             Ok(Ok(confirm)) => Ok(confirm),
             Ok(Err(e)) => Err(PublishError::retryable(format!(

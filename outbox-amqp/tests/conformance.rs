@@ -13,3 +13,8 @@ pgoutbox_postgres::relay_conformance_tests!(
     AmqpTarget::new().await,
     |target: AmqpTarget| async move { target.delete().await }
 );
+
+pgoutbox_core::conformance_tests!(
+    @envelopes AmqpTarget::with_envelope,
+    |target: AmqpTarget| async move { target.delete().await }
+);

@@ -50,6 +50,7 @@ use uuid::Uuid;
 
 use serde::{Deserialize, Serialize};
 
+use crate::envelope::{CloudEvents, ContentMode, Envelope, Metadata};
 use crate::event::{Event, Headers, NewEvent, TypedEvent, TRACEPARENT};
 use crate::publisher::{FailureKind, Outcome, Publisher};
 
@@ -92,6 +93,42 @@ pub struct ReceivedMessage {
     /// The message headers/attributes. Must contain every user header of the event
     /// (including [`TRACEPARENT`]); extra metadata headers are allowed.
     pub headers: Headers,
+}
+
+impl ReceivedMessage {
+    /// A message read back through the adapter's consumer helper: its [`Metadata`]
+    /// and body (whose payload [`Metadata::payload`] takes out, whatever the
+    /// envelope).
+    pub fn new(metadata: Metadata, body: &[u8]) -> Result<Self, crate::DecodeError> {
+        let payload = metadata.payload(body)?.to_vec();
+        Ok(Self {
+            id: metadata.event_id,
+            event_type: metadata.event_type,
+            aggregate_type: metadata.aggregate_type,
+            aggregate_id: metadata.aggregate_id,
+            created_at: metadata.created_at,
+            payload,
+            headers: metadata.headers,
+        })
+    }
+}
+
+/// The CloudEvents envelope in binary mode, as the suite runs it
+/// ([`conformance_tests!`]`(@envelopes ...)`).
+pub fn cloudevents_binary() -> Envelope {
+    cloudevents(ContentMode::Binary)
+}
+
+/// The CloudEvents envelope in structured mode, as the suite runs it.
+pub fn cloudevents_structured() -> Envelope {
+    cloudevents(ContentMode::Structured)
+}
+
+fn cloudevents(mode: ContentMode) -> Envelope {
+    let config = CloudEvents::new(mode, "/pgoutbox/conformance")
+        .and_then(|c| c.subject("{aggregate_type}/{aggregate_id}"))
+        .unwrap_or_else(|e| unreachable!("valid CloudEvents settings: {e}"));
+    Envelope::CloudEvents(config)
 }
 
 /// What a broker crate provides to run the suite against its real broker.
@@ -189,6 +226,13 @@ fn traced(mut e: Event, n: usize) -> Event {
 /// `cleanup(target)` (a closure returning a future) after each check that passed.
 /// The crate using it needs `tokio` with the `macros` and `rt-multi-thread` features.
 ///
+/// `conformance_tests!(@envelopes |envelope| MyBroker::with(envelope), cleanup)` runs
+/// the checks that read what the envelope writes once per CloudEvents content mode
+/// ([`cloudevents_binary`], [`cloudevents_structured`]), in modules of those names:
+/// `make` is a closure from an [`Envelope`] to a future of a target whose
+/// publisher encodes with it, and whose `receive` reads through the adapter's
+/// consumer helper ([`ReceivedMessage::new`]).
+///
 /// (The module documentation has a complete example.)
 ///
 /// ```text
@@ -213,6 +257,23 @@ macro_rules! conformance_tests {
             typed_payload_round_trip,
             unreachable_broker_is_unavailable,
         );
+    };
+    // The checks that read what the envelope writes, once per CloudEvents content
+    // mode: `$make` is a closure from an `Envelope` to a future of a target whose
+    // publisher uses it.
+    (@envelopes $make:expr, $cleanup:expr) => {
+        mod cloudevents_binary {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::conformance_tests!(@checks ($make)($crate::conformance::cloudevents_binary()).await, $cleanup;
+                publish_and_read_back, message_envelope, typed_payload_round_trip);
+        }
+        mod cloudevents_structured {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::conformance_tests!(@checks ($make)($crate::conformance::cloudevents_structured()).await, $cleanup;
+                publish_and_read_back, message_envelope, typed_payload_round_trip);
+        }
     };
     (@checks $make:expr, $cleanup:expr; $($check:ident),* $(,)?) => {
         $crate::conformance_tests!(@checks_of $crate; $make, $cleanup; $($check),*);

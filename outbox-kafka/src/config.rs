@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use pgoutbox_core::envelope::Envelope;
 use rdkafka::config::ClientConfig;
 
 use crate::error::{Error, Result};
@@ -44,6 +45,7 @@ pub struct KafkaConfig {
     pub(crate) delivery_timeout: Duration,
     pub(crate) queue_timeout: Duration,
     pub(crate) client: BTreeMap<String, String>,
+    pub(crate) envelope: Envelope,
 }
 
 impl std::fmt::Debug for KafkaConfig {
@@ -65,6 +67,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("delivery_timeout", &self.delivery_timeout)
             .field("queue_timeout", &self.queue_timeout)
             .field("client", &client)
+            .field("envelope", &self.envelope)
             .finish()
     }
 }
@@ -78,13 +81,15 @@ impl KafkaConfig {
             delivery_timeout: Duration::from_secs(20),
             queue_timeout: Duration::from_secs(5),
             client: BTreeMap::new(),
+            envelope: Envelope::default(),
         }
     }
 
     /// Read the configuration from the environment: [`ENV_BROKERS`] (required),
     /// [`ENV_TOPIC_PREFIX`], [`ENV_TOPIC`], [`ENV_DELIVERY_TIMEOUT_MS`],
     /// [`ENV_QUEUE_TIMEOUT_MS`], [`ENV_SASL_PASSWORD_FILE`] and any number of
-    /// `OUTBOX_KAFKA_RDKAFKA_*` settings (these win over the password file).
+    /// `OUTBOX_KAFKA_RDKAFKA_*` settings (these win over the password file), and the
+    /// envelope ([`Envelope::from_lookup`]: `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`).
     pub fn from_env() -> Result<Self> {
         Self::from_vars(std::env::vars())
     }
@@ -124,6 +129,12 @@ impl KafkaConfig {
                 })?;
             config = config.set("sasl.password", password);
         }
+        config.envelope = Envelope::from_lookup(|name| vars.get(name).cloned()).map_err(|e| {
+            Error::InvalidConfig {
+                field: "envelope",
+                reason: e.to_string(),
+            }
+        })?;
         for (var, value) in &vars {
             if let Some(name) = var.strip_prefix(ENV_RDKAFKA_PREFIX) {
                 if name.is_empty() {
@@ -137,6 +148,13 @@ impl KafkaConfig {
             }
         }
         Ok(config)
+    }
+
+    /// Encode events with this envelope: the outbox envelope (default) or
+    /// CloudEvents (binary mode: `ce_` headers, as the CloudEvents Kafka binding says).
+    pub fn envelope(mut self, envelope: Envelope) -> Self {
+        self.envelope = envelope;
+        self
     }
 
     /// Default route: topic `<prefix><aggregate_type>`. Defaults to the empty prefix,

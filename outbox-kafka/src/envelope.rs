@@ -1,7 +1,6 @@
 //! The message envelope: header names, and reading them back on the consumer side.
 
-use pgoutbox_core::envelope::{self, EnvelopeError, Metadata};
-use pgoutbox_core::Event;
+use pgoutbox_core::envelope::{self, Binding, Encoded, EnvelopeError, Metadata};
 use rdkafka::message::{Header, Headers as _, Message, OwnedHeaders};
 use uuid::Uuid;
 
@@ -13,15 +12,30 @@ pub use pgoutbox_core::envelope::{
     RESERVED as RESERVED_HEADERS,
 };
 
-/// The Kafka headers of `event`: the outbox metadata, then the event's own headers
-/// (`traceparent` and user metadata) under their names.
-pub(crate) fn headers(event: &Event) -> OwnedHeaders {
-    let pairs = envelope::headers(event);
-    let mut headers = OwnedHeaders::new_with_capacity(pairs.len());
-    for (key, value) in &pairs {
+/// Header with the content type, in the CloudEvents envelope (the outbox envelope
+/// never sent one on Kafka: its body is always the JSON payload).
+pub const HEADER_CONTENT_TYPE: &str = "content-type";
+
+/// The CloudEvents Kafka protocol binding: attributes in `ce_` headers (binary
+/// mode), the content type in the `content-type` header.
+pub const BINDING: Binding = Binding::new("ce_", Some(HEADER_CONTENT_TYPE));
+
+/// The Kafka headers of an encoded event: the envelope's metadata, then the event's
+/// own headers (`traceparent` and user metadata) under their names, then the
+/// content type when the envelope names one.
+pub(crate) fn headers(encoded: &Encoded<'_>) -> OwnedHeaders {
+    let mut headers =
+        OwnedHeaders::new_with_capacity(encoded.metadata.len() + encoded.headers.len() + 1);
+    for (key, value) in encoded.all_headers() {
         headers = headers.insert(Header {
             key,
-            value: Some(value.as_ref()),
+            value: Some(value),
+        });
+    }
+    if let Some(content_type) = encoded.content_type {
+        headers = headers.insert(Header {
+            key: HEADER_CONTENT_TYPE,
+            value: Some(content_type),
         });
     }
     headers
@@ -63,30 +77,16 @@ pub fn metadata<M: Message>(message: &M) -> Result<Metadata> {
     }
     // The last value of a repeated header wins; the shared parser keeps the first.
     pairs.reverse();
-    envelope::Metadata::from_headers(pairs).map_err(|e| match e {
-        EnvelopeError::Missing(name) => Error::MissingHeader { name },
-        EnvelopeError::Malformed { name, reason } => Error::InvalidHeader { name, reason },
-        other => Error::InvalidHeader {
-            name: HEADER_EVENT_ID,
-            reason: other.to_string(),
+    Metadata::from_message(&BINDING, pairs, None, message.payload().unwrap_or_default()).map_err(
+        |e| match e {
+            EnvelopeError::Missing(name) => Error::MissingHeader { name },
+            EnvelopeError::Malformed { name, reason } => Error::InvalidHeader { name, reason },
+            other => Error::CloudEvent(other),
         },
-    })
+    )
 }
 
-/// Only the event id of a received message (the dedup key).
+/// Only the event id of a received message (the dedup key), in any envelope.
 pub fn event_id<M: Message>(message: &M) -> Result<Uuid> {
-    let header = message
-        .headers()
-        .and_then(|all| all.iter().find(|h| h.key == HEADER_EVENT_ID))
-        .ok_or(Error::MissingHeader {
-            name: HEADER_EVENT_ID,
-        })?;
-    let text = header
-        .value
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .unwrap_or_default();
-    Uuid::parse_str(text).map_err(|e| Error::InvalidHeader {
-        name: HEADER_EVENT_ID,
-        reason: format!("{text:?} is not a UUID: {e}"),
-    })
+    metadata(message).map(|m| m.event_id)
 }

@@ -68,6 +68,10 @@ pub enum Error {
         /// Why it was refused.
         reason: String,
     },
+    /// A received message is a CloudEvent the outbox cannot read (an attribute the
+    /// outbox sends is missing or malformed).
+    #[error("kafka message: {0}")]
+    CloudEvent(pgoutbox_core::envelope::EnvelopeError),
 }
 
 impl Error {

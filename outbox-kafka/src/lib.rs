@@ -12,12 +12,13 @@ pub use config::{
     ENV_SASL_PASSWORD_FILE, ENV_TOPIC, ENV_TOPIC_PREFIX,
 };
 pub use envelope::{
-    event_id, metadata, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT,
-    HEADER_EVENT_ID, HEADER_EVENT_TYPE, RESERVED_HEADERS,
+    event_id, metadata, BINDING, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_CONTENT_TYPE,
+    HEADER_CREATED_AT, HEADER_EVENT_ID, HEADER_EVENT_TYPE, RESERVED_HEADERS,
 };
 pub use error::{Error, Result};
-/// The outbox metadata of a received message: one type for every adapter.
-pub use pgoutbox_core::envelope::Metadata;
+/// The envelope settings (outbox or CloudEvents), and the metadata of a received
+/// message in any envelope: one type for every adapter.
+pub use pgoutbox_core::envelope::{CloudEvents, Envelope, Metadata};
 pub use publisher::KafkaPublisher;
 /// The rdkafka crate this one is built on, for consumers and the mock cluster.
 pub use rdkafka;

@@ -3,6 +3,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::{Event, Outcome, PublishError, Publisher};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
@@ -36,6 +37,7 @@ pub struct KafkaPublisher {
     client: ClientConfig,
     routing: Topics,
     queue_timeout: Duration,
+    envelope: Envelope,
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -56,6 +58,7 @@ impl KafkaPublisher {
             client,
             routing: config.routing.compile(),
             queue_timeout: config.queue_timeout,
+            envelope: config.envelope,
         })
     }
 
@@ -108,10 +111,11 @@ impl KafkaPublisher {
         deadline: Instant,
     ) -> Result<DeliveryFuture, Outcome> {
         let topic = self.routing.topic(event).map_err(Outcome::Failed)?;
+        let encoded = self.envelope.encode(event, &envelope::BINDING);
         let mut record = FutureRecord::to(&topic)
             .key(event.aggregate_id.as_bytes())
-            .payload(event.payload_str().as_bytes())
-            .headers(envelope::headers(event));
+            .payload(encoded.body.as_ref())
+            .headers(envelope::headers(&encoded));
         loop {
             match producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),

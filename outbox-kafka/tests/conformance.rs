@@ -9,6 +9,7 @@ use common::{closed_port, consumer, create_topic, read, tansu_bootstrap, unique,
 use pgoutbox_core::conformance::{
     self, BoxError, ConformanceTarget, OutageTarget, ReceivedMessage,
 };
+use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::Event;
 use pgoutbox_kafka::rdkafka::consumer::StreamConsumer;
 use pgoutbox_kafka::rdkafka::message::Message;
@@ -23,6 +24,8 @@ struct Kafka {
     bootstrap: String,
     /// The mock cluster, or `None` for a broker running on its own (tansu).
     mock: Option<MockKafka>,
+    /// The envelope of the publishers under test.
+    envelope: Envelope,
 }
 
 impl Kafka {
@@ -35,10 +38,16 @@ impl Kafka {
             topic,
             bootstrap: mock.bootstrap().to_string(),
             mock: Some(mock),
+            envelope: Envelope::Outbox,
         }
     }
 
     async fn tansu() -> Self {
+        Self::tansu_with(Envelope::Outbox).await
+    }
+
+    /// A topic on tansu, published to with `envelope`.
+    async fn tansu_with(envelope: Envelope) -> Self {
         let bootstrap = tansu_bootstrap();
         let topic = unique("conformance");
         create_topic(&bootstrap, &topic, PARTITIONS).await;
@@ -47,6 +56,7 @@ impl Kafka {
             topic,
             bootstrap,
             mock: None,
+            envelope,
         }
     }
 }
@@ -58,6 +68,7 @@ impl ConformanceTarget for Kafka {
         Ok(KafkaConfig::new(&self.bootstrap)
             .topic(&self.topic)
             .delivery_timeout(Duration::from_secs(10))
+            .envelope(self.envelope.clone())
             .build()?)
     }
 
@@ -76,16 +87,11 @@ impl ConformanceTarget for Kafka {
             .await
         };
         for message in first.into_iter().chain(rest) {
-            let r = pgoutbox_kafka::metadata(&message)?;
-            out.push(ReceivedMessage {
-                id: r.event_id,
-                event_type: r.event_type,
-                aggregate_type: r.aggregate_type,
-                aggregate_id: r.aggregate_id,
-                created_at: r.created_at,
-                payload: message.payload().unwrap_or_default().to_vec(),
-                headers: r.headers,
-            });
+            let metadata = pgoutbox_kafka::metadata(&message)?;
+            out.push(ReceivedMessage::new(
+                metadata,
+                message.payload().unwrap_or_default(),
+            )?);
         }
         Ok(out)
     }
@@ -145,4 +151,5 @@ mod tansu {
     pgoutbox_core::conformance_tests!(Kafka::tansu().await);
     // No outage check on tansu (see `OutageTarget for Kafka`).
     pgoutbox_postgres::relay_conformance_tests!(Kafka::tansu().await, |_| async {}, no_outage);
+    pgoutbox_core::conformance_tests!(@envelopes Kafka::tansu_with, |_| async {});
 }

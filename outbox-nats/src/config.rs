@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_nats::ServerAddr;
+use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::redact_url;
 
 use crate::error::{Error, Result};
@@ -61,6 +62,8 @@ pub struct NatsConfig {
     /// A file holding a user nkey seed (`SU...`), for servers with nkey users.
     /// Defaults to none.
     pub nkey_seed_file: Option<PathBuf>,
+    /// How events become messages: the outbox envelope (default) or CloudEvents.
+    pub envelope: Envelope,
 }
 
 impl std::fmt::Debug for NatsConfig {
@@ -78,6 +81,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("tls_client_cert", &self.tls_client_cert)
             .field("credentials_file", &self.credentials_file)
             .field("nkey_seed_file", &self.nkey_seed_file)
+            .field("envelope", &self.envelope)
             .finish()
     }
 }
@@ -104,6 +108,7 @@ impl NatsConfig {
             tls_client_cert: None,
             credentials_file: None,
             nkey_seed_file: None,
+            envelope: Envelope::default(),
         }
     }
 
@@ -124,6 +129,7 @@ impl NatsConfig {
     /// | `OUTBOX_NATS_TLS_CERT`, `OUTBOX_NATS_TLS_KEY` | [`NatsConfig::tls_client_cert`] |
     /// | `OUTBOX_NATS_CREDS` | [`NatsConfig::credentials_file`] |
     /// | `OUTBOX_NATS_NKEY_FILE` | [`NatsConfig::nkey_seed_file`] |
+    /// | `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*` | [`NatsConfig::envelope`] ([`Envelope::from_lookup`]) |
     ///
     /// Unset or empty variables keep the default; unparsable ones are an error.
     pub fn from_env() -> Result<Self> {
@@ -183,6 +189,8 @@ impl NatsConfig {
         };
         config.credentials_file = var("OUTBOX_NATS_CREDS").map(PathBuf::from);
         config.nkey_seed_file = var("OUTBOX_NATS_NKEY_FILE").map(PathBuf::from);
+        config.envelope =
+            Envelope::from_lookup(var).map_err(|e| Error::config("envelope", e.to_string()))?;
         Ok(config)
     }
 
@@ -260,6 +268,13 @@ impl NatsConfig {
     #[must_use]
     pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.credentials_file = Some(path.into());
+        self
+    }
+
+    /// Encode events with this envelope. See [`NatsConfig::envelope`].
+    #[must_use]
+    pub fn envelope(mut self, envelope: Envelope) -> Self {
+        self.envelope = envelope;
         self
     }
 

@@ -7,7 +7,7 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, Message as JsMessage};
 use chrono::DateTime;
 use futures_util::StreamExt;
-use pgoutbox_core::envelope::{self, Metadata};
+use pgoutbox_core::envelope::Metadata;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -52,8 +52,9 @@ pub fn metadata(message: &async_nats::Message) -> Result<Metadata> {
     if !valid_time {
         pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(headers::CREATED_AT));
     }
-    pairs.retain(|(k, _)| !headers::is_nats_reserved(k));
-    envelope::Metadata::from_headers(pairs).map_err(|e| not_event(e.to_string()))
+    pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(headers::MSG_ID));
+    Metadata::from_message(&headers::BINDING, pairs, None, &message.payload)
+        .map_err(|e| not_event(e.to_string()))
 }
 
 /// A JetStream message with its outbox metadata.
@@ -71,9 +72,10 @@ impl EventMessage {
         self.metadata.event_id
     }
 
-    /// The JSON payload.
-    pub fn payload(&self) -> &[u8] {
-        &self.message.payload
+    /// The event's JSON payload: the message body, or the `data` of a structured
+    /// CloudEvent.
+    pub fn payload(&self) -> std::result::Result<&[u8], pgoutbox_core::DecodeError> {
+        self.metadata.payload(&self.message.payload)
     }
 
     /// The JSON payload read as `T`; an error names the event id and type.

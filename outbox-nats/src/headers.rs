@@ -5,9 +5,15 @@
 
 /// JetStream's dedup key header: the event id.
 pub const MSG_ID: &str = "Nats-Msg-Id";
+use pgoutbox_core::envelope::Binding;
 pub use pgoutbox_core::envelope::{AGGREGATE_ID, AGGREGATE_TYPE, CREATED_AT, EVENT_ID, EVENT_TYPE};
-/// The content type of the payload: always `application/json`.
+/// The content type of the body: `application/json` (the payload), or
+/// `application/cloudevents+json` (a structured CloudEvent).
 pub const CONTENT_TYPE: &str = "Content-Type";
+
+/// The CloudEvents NATS protocol binding: attributes in `ce-` headers (binary
+/// mode), the content type in the `Content-Type` header.
+pub const BINDING: Binding = Binding::new("ce-", Some(CONTENT_TYPE));
 
 /// Headers set by the publisher; a user header with one of these names is
 /// overridden (names compared ignoring ASCII case).

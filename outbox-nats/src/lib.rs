@@ -13,8 +13,9 @@ mod tls;
 pub use config::{NatsConfig, DEFAULT_URL};
 pub use consumer::{metadata, EventConsumer, EventMessage};
 pub use error::{Error, Result};
-/// The outbox metadata of a received message: one type for every adapter.
-pub use pgoutbox_core::envelope::Metadata;
+/// The envelope settings (outbox or CloudEvents), and the metadata of a received
+/// message in any envelope: one type for every adapter.
+pub use pgoutbox_core::envelope::{CloudEvents, Envelope, Metadata};
 pub use publisher::{NatsPublisher, DEFAULT_DUPLICATE_WINDOW};
 pub use routing::{validate_subject, SubjectRouting};
 

@@ -12,6 +12,7 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::response::Response;
 use async_nats::jetstream::{self, stream};
 use async_nats::{ConnectOptions, HeaderMap, HeaderName, HeaderValue};
+use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::{redact_url, Event, Outcome, PublishError, Publisher};
 use tokio::sync::Semaphore;
 
@@ -45,6 +46,7 @@ struct Inner {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     routing: SubjectRouting,
+    envelope: Envelope,
     timeout: Duration,
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
@@ -113,6 +115,7 @@ impl NatsPublisher {
                 client,
                 jetstream,
                 routing: config.routing,
+                envelope: config.envelope,
                 timeout: config.timeout,
                 in_flight: Arc::new(Semaphore::new(max_in_flight)),
                 max_in_flight,
@@ -172,8 +175,9 @@ impl NatsPublisher {
         Ok(info.clone())
     }
 
-    /// Subject and headers of the message for `event`; an error text makes it permanent.
-    fn message(&self, event: &Event) -> Result<(String, HeaderMap), String> {
+    /// Subject, headers and body of the message for `event`; an error text makes it
+    /// permanent.
+    fn message(&self, event: &Event) -> Result<(String, HeaderMap, Vec<u8>), String> {
         let subject = self.inner.routing.subject(event)?;
         let mut map = HeaderMap::new();
         let mut insert = |name: &str, value: &str| -> Result<(), String> {
@@ -186,13 +190,17 @@ impl NatsPublisher {
         };
         let id = event.id.to_string();
         insert(headers::MSG_ID, &id)?;
-        for (name, value) in pgoutbox_core::envelope::headers(event) {
+        let encoded = self.inner.envelope.encode(event, &headers::BINDING);
+        for (name, value) in encoded.all_headers() {
             if !headers::is_nats_reserved(name) {
-                insert(name, &value)?;
+                insert(name, value)?;
             }
         }
-        insert(headers::CONTENT_TYPE, "application/json")?;
-        Ok((subject, map))
+        insert(
+            headers::CONTENT_TYPE,
+            encoded.content_type.unwrap_or("application/json"),
+        )?;
+        Ok((subject, map, encoded.body.into_owned()))
     }
 
     /// Send one message; the returned future resolves to its PubAck.
@@ -200,9 +208,9 @@ impl NatsPublisher {
         &self,
         event: &Event,
     ) -> Result<jetstream::context::PublishAckFuture, PublishError> {
-        let (subject, headers) = self.message(event).map_err(PublishError::permanent)?;
+        let (subject, headers, body) = self.message(event).map_err(PublishError::permanent)?;
         let publish = PublishMessage::build()
-            .payload(event.payload_str().to_owned().into())
+            .payload(body.into())
             .headers(headers);
         let timeout = self.inner.timeout;
         match tokio::time::timeout(

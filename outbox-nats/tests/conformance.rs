@@ -13,3 +13,8 @@ pgoutbox_postgres::relay_conformance_tests!(
     NatsTarget::new().await,
     |target: NatsTarget| async move { target.delete().await }
 );
+
+pgoutbox_core::conformance_tests!(
+    @envelopes NatsTarget::with_envelope,
+    |target: NatsTarget| async move { target.delete().await }
+);

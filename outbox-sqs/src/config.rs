@@ -7,6 +7,7 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 use aws_sdk_sqs::config::{Credentials, Region};
+use pgoutbox_core::envelope::Envelope;
 
 use crate::error::{Error, Result};
 use crate::publisher::SqsPublisher;
@@ -40,6 +41,7 @@ pub struct SqsConfig {
     pub(crate) max_attempts: u32,
     pub(crate) max_message_bytes: usize,
     pub(crate) concurrency: usize,
+    pub(crate) envelope: Envelope,
 }
 
 impl Default for SqsConfig {
@@ -54,6 +56,7 @@ impl Default for SqsConfig {
             max_attempts: 3,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             concurrency: 8,
+            envelope: Envelope::default(),
         }
     }
 }
@@ -66,7 +69,9 @@ impl SqsConfig {
     }
 
     /// Read [`ENV_QUEUE`], [`ENV_QUEUE_PREFIX`], [`ENV_ENDPOINT`], [`ENV_REGION`] and
-    /// [`ENV_TIMEOUT_MS`]; all optional. Credentials come from the AWS chain.
+    /// [`ENV_TIMEOUT_MS`], and the envelope ([`Envelope::from_lookup`]:
+    /// `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`); all optional. Credentials come from
+    /// the AWS chain.
     pub fn from_env() -> Result<Self> {
         Self::from_vars(std::env::vars())
     }
@@ -96,7 +101,15 @@ impl SqsConfig {
             })?;
             config = config.timeout(Duration::from_millis(ms));
         }
+        config.envelope = Envelope::from_lookup(|name| vars.get(name).cloned())?;
         Ok(config)
+    }
+
+    /// Encode events with this envelope: the outbox envelope (default) or
+    /// CloudEvents (attributes `ce-*` in binary mode; see the crate docs).
+    pub fn envelope(mut self, envelope: Envelope) -> Self {
+        self.envelope = envelope;
+        self
     }
 
     /// Send every event without a more specific route to this queue (URL or name).

@@ -3,8 +3,9 @@
 use std::collections::HashMap;
 
 use aws_sdk_sqs::types::{Message, MessageAttributeValue};
-use pgoutbox_core::envelope::{self, EnvelopeError, Metadata};
-use pgoutbox_core::{Event, TRACEPARENT};
+use pgoutbox_core::envelope::cloudevents::STRUCTURED_CONTENT_TYPE;
+use pgoutbox_core::envelope::{self, Binding, Encoded, EnvelopeError, Metadata};
+use pgoutbox_core::TRACEPARENT;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -17,38 +18,48 @@ pub use pgoutbox_core::envelope::{
 /// as separate attributes (see the crate docs).
 pub const ATTR_HEADERS: &str = "outbox-headers";
 
+/// Attribute with the content type of a structured CloudEvent.
+pub const ATTR_CONTENT_TYPE: &str = "content-type";
+
+/// CloudEvents attributes travel as `ce-` attributes (binary mode), the content type
+/// of a structured one as `content-type`: SQS has no CloudEvents binding, so this
+/// follows the HTTP one, whose names SQS accepts.
+pub const BINDING: Binding = Binding::new("ce-", Some(ATTR_CONTENT_TYPE));
+
 /// SQS's limit of message attributes per message.
 pub const MAX_ATTRIBUTES: usize = 10;
 
 const STRING: &str = "String";
 
-/// The attributes of `event` as (name, value) pairs, all of type `String`.
+/// The attributes of an encoded event as (name, value) pairs, all of type `String`.
 ///
-/// Always: the five outbox attributes and `traceparent` when present. The other
-/// headers each become an attribute when all of them fit within SQS's 10 and have
-/// names and values SQS accepts; otherwise all of them travel as one JSON object in
-/// [`ATTR_HEADERS`]. Nothing is dropped.
-pub(crate) fn attributes(event: &Event) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
+/// Always: the envelope's metadata (the five outbox attributes, or the CloudEvents
+/// attributes in binary mode), `content-type` for a structured CloudEvent (how a
+/// consumer tells it apart; a binary one leaves it out, its body is always the JSON
+/// payload, to stay within SQS's 10 attributes), and `traceparent` when present. The
+/// other headers each become an attribute when all of them fit within SQS's 10 and
+/// have names and values SQS accepts; otherwise all of them travel as one JSON
+/// object in [`ATTR_HEADERS`]. Nothing is dropped.
+pub(crate) fn attributes(encoded: &Encoded<'_>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = encoded
+        .metadata
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+    if let Some(content_type) = encoded
+        .content_type
+        .filter(|&t| t == STRUCTURED_CONTENT_TYPE)
+    {
+        out.push((ATTR_CONTENT_TYPE.to_string(), content_type.to_string()));
+    }
     let mut rest: Vec<(&str, &str)> = Vec::new();
-    for (name, value) in envelope::headers(event) {
-        // The envelope leaves out user headers with reserved names, so a reserved
-        // name here is the metadata.
-        if envelope::is_reserved(name) || (name == TRACEPARENT && !value.is_empty()) {
-            out.push((name.to_string(), value.into_owned()));
-        } else if let Some((name, value)) = event.headers.get_key_value(name) {
+    for &(name, value) in &encoded.headers {
+        if name == TRACEPARENT && !value.is_empty() {
+            out.push((name.to_string(), value.to_string()));
+        } else {
             rest.push((name, value));
         }
     }
-    // User headers with reserved names are not dropped: their names are not valid
-    // attributes, so they travel packed in `ATTR_HEADERS`.
-    rest.extend(
-        event
-            .headers
-            .iter()
-            .filter(|(n, _)| envelope::is_reserved(n))
-            .map(|(n, v)| (n.as_str(), v.as_str())),
-    );
     let fit = out.len() + rest.len() <= MAX_ATTRIBUTES
         && rest
             .iter()
@@ -96,6 +107,7 @@ fn valid_attribute_name(name: &str) -> bool {
         && !lower.starts_with("amazon.")
         && !envelope::is_reserved(name)
         && name != ATTR_HEADERS
+        && !name.eq_ignore_ascii_case(ATTR_CONTENT_TYPE)
 }
 
 pub(crate) fn attribute_value(value: String) -> Option<MessageAttributeValue> {
@@ -121,12 +133,16 @@ pub(crate) fn attribute_value(value: String) -> Option<MessageAttributeValue> {
 /// # Ok(()) }
 /// ```
 pub fn metadata(message: &Message) -> Result<Metadata> {
-    metadata_from_attributes(message.message_attributes().unwrap_or(&HashMap::new()))
+    metadata_from_attributes(
+        message.message_attributes().unwrap_or(&HashMap::new()),
+        message.body().unwrap_or_default(),
+    )
 }
 
-/// The outbox metadata read from message attributes (see [`metadata`]).
+/// The outbox metadata read from a message's attributes and body (see [`metadata`]).
 pub fn metadata_from_attributes(
     attributes: &HashMap<String, MessageAttributeValue>,
+    body: &str,
 ) -> Result<Metadata> {
     let mut pairs: Vec<(&str, &str)> = attributes
         .iter()
@@ -136,14 +152,12 @@ pub fn metadata_from_attributes(
     // Names are compared without case and the first of a repeated one wins: the
     // exact names first, so the result does not depend on the map's order.
     pairs.sort_by_key(|(name, _)| !envelope::RESERVED.contains(name));
-    let mut meta = envelope::Metadata::from_headers(pairs).map_err(|e| match e {
-        EnvelopeError::Missing(name) => Error::MissingAttribute { name },
-        EnvelopeError::Malformed { name, reason } => Error::InvalidAttribute { name, reason },
-        other => Error::InvalidAttribute {
-            name: ATTR_EVENT_ID,
-            reason: other.to_string(),
-        },
-    })?;
+    let mut meta =
+        Metadata::from_message(&BINDING, pairs, None, body.as_bytes()).map_err(|e| match e {
+            EnvelopeError::Missing(name) => Error::MissingAttribute { name },
+            EnvelopeError::Malformed { name, reason } => Error::InvalidAttribute { name, reason },
+            other => Error::CloudEvent(other),
+        })?;
     if let Some(packed) = attributes.get(ATTR_HEADERS).and_then(|v| v.string_value()) {
         let object: HashMap<String, String> =
             serde_json::from_str(packed).map_err(|e| Error::InvalidAttribute {
@@ -155,24 +169,16 @@ pub fn metadata_from_attributes(
     Ok(meta)
 }
 
-/// Only the event id of a received message (the dedup key).
+/// Only the event id of a received message (the dedup key), in any envelope.
 pub fn event_id(message: &Message) -> Result<Uuid> {
-    let id = message
-        .message_attributes()
-        .and_then(|a| a.get(ATTR_EVENT_ID))
-        .and_then(|v| v.string_value())
-        .ok_or(Error::MissingAttribute {
-            name: ATTR_EVENT_ID,
-        })?;
-    Uuid::parse_str(id).map_err(|e| Error::InvalidAttribute {
-        name: ATTR_EVENT_ID,
-        reason: format!("{id:?} is not a UUID: {e}"),
-    })
+    metadata(message).map(|m| m.event_id)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pgoutbox_core::envelope::{CloudEvents, Envelope};
+    use pgoutbox_core::Event;
 
     fn event(headers: &[(&str, &str)]) -> Event {
         let payload = serde_json::value::RawValue::from_string("{}".into()).unwrap();
@@ -191,40 +197,63 @@ mod tests {
         event
     }
 
-    fn round_trip(e: &Event) -> Metadata {
-        let attrs: HashMap<String, MessageAttributeValue> = attributes(e)
+    fn envelopes() -> [Envelope; 3] {
+        [
+            Envelope::Outbox,
+            Envelope::CloudEvents(CloudEvents::binary("/orders").unwrap()),
+            Envelope::CloudEvents(CloudEvents::structured("/orders").unwrap()),
+        ]
+    }
+
+    fn attrs(envelope: &Envelope, e: &Event) -> Vec<(String, String)> {
+        attributes(&envelope.encode(e, &BINDING))
+    }
+
+    fn round_trip(envelope: &Envelope, e: &Event) -> Metadata {
+        let encoded = envelope.encode(e, &BINDING);
+        let attrs: HashMap<String, MessageAttributeValue> = attributes(&encoded)
             .into_iter()
             .map(|(n, v)| (n, attribute_value(v).unwrap()))
             .collect();
         assert!(attrs.len() <= MAX_ATTRIBUTES, "{attrs:?}");
-        metadata_from_attributes(&attrs).unwrap()
+        let body = std::str::from_utf8(&encoded.body).unwrap();
+        let meta = metadata_from_attributes(&attrs, body).unwrap();
+        assert_eq!(meta.event_id, e.id);
+        assert_eq!(
+            meta.payload(body.as_bytes()).unwrap(),
+            e.payload_str().as_bytes()
+        );
+        meta
     }
 
     #[test]
     fn few_headers_travel_as_attributes() {
         let e = event(&[("traceparent", "00-a-b-01"), ("tenant", "acme")]);
-        let names: Vec<String> = attributes(&e).into_iter().map(|(n, _)| n).collect();
-        assert!(names.contains(&"tenant".to_string()));
-        assert!(!names.contains(&ATTR_HEADERS.to_string()));
-        let r = round_trip(&e);
-        assert_eq!(r.headers, e.headers);
-        assert_eq!(r.event_id, e.id);
+        for envelope in envelopes() {
+            let names: Vec<String> = attrs(&envelope, &e).into_iter().map(|(n, _)| n).collect();
+            assert!(names.contains(&"tenant".to_string()), "{names:?}");
+            assert!(!names.contains(&ATTR_HEADERS.to_string()));
+            assert_eq!(round_trip(&envelope, &e).headers, e.headers);
+        }
     }
 
     #[test]
     fn many_or_odd_headers_are_packed_not_dropped() {
-        let many: Vec<(String, String)> =
-            (0..8).map(|i| (format!("h{i}"), format!("v{i}"))).collect();
+        let many: Vec<(String, String)> = (0..9)
+            .map(|i| (format!("h{i}"), format!("v{i}")))
+            .chain([("traceparent".to_string(), "00-a-b-01".to_string())])
+            .collect();
         let refs: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let e = event(&refs);
-        assert!(attributes(&e).iter().any(|(n, _)| n == ATTR_HEADERS));
-        assert_eq!(round_trip(&e).headers, e.headers);
-
         let odd = event(&[
             ("traceparent", "00-a-b-01"),
             ("with space", "x"),
             ("empty", ""),
         ]);
-        assert_eq!(round_trip(&odd).headers, odd.headers);
+        for envelope in envelopes() {
+            assert!(attrs(&envelope, &e).iter().any(|(n, _)| n == ATTR_HEADERS));
+            assert_eq!(round_trip(&envelope, &e).headers, e.headers);
+            assert_eq!(round_trip(&envelope, &odd).headers, odd.headers);
+        }
     }
 }

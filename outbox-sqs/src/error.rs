@@ -50,6 +50,13 @@ pub enum Error {
         /// Why it was refused.
         reason: String,
     },
+    /// A received message is a CloudEvent the outbox cannot read (an attribute the
+    /// outbox sends is missing or malformed).
+    #[error("SQS message: {0}")]
+    CloudEvent(pgoutbox_core::envelope::EnvelopeError),
+    /// An envelope setting is invalid.
+    #[error("SQS envelope: {0}")]
+    Envelope(#[from] pgoutbox_core::envelope::EnvelopeConfigError),
 }
 
 impl Error {

@@ -14,9 +14,11 @@ pub use config::{
 };
 pub use envelope::{
     event_id, metadata, metadata_from_attributes, ATTR_AGGREGATE_ID, ATTR_AGGREGATE_TYPE,
-    ATTR_CREATED_AT, ATTR_EVENT_ID, ATTR_EVENT_TYPE, ATTR_HEADERS, MAX_ATTRIBUTES,
+    ATTR_CONTENT_TYPE, ATTR_CREATED_AT, ATTR_EVENT_ID, ATTR_EVENT_TYPE, ATTR_HEADERS, BINDING,
+    MAX_ATTRIBUTES,
 };
 pub use error::{Error, Result};
-/// The outbox metadata of a received message: one type for every adapter.
-pub use pgoutbox_core::envelope::Metadata;
+/// The envelope settings (outbox or CloudEvents), and the metadata of a received
+/// message in any envelope: one type for every adapter.
+pub use pgoutbox_core::envelope::{CloudEvents, Envelope, Metadata};
 pub use publisher::SqsPublisher;

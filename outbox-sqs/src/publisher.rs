@@ -11,6 +11,7 @@ use pgoutbox_core::{Event, Outcome, PublishError, Publisher};
 use crate::config::SqsConfig;
 use crate::envelope::{self, attribute_value};
 use crate::routing::{is_fifo, Queues, Target};
+use pgoutbox_core::envelope::Envelope;
 
 /// Most entries in one `SendMessageBatch`.
 const MAX_BATCH_ENTRIES: usize = 10;
@@ -33,6 +34,7 @@ pub struct SqsPublisher {
     routing: Queues,
     max_message_bytes: usize,
     concurrency: usize,
+    envelope: Envelope,
     urls: Mutex<HashMap<String, String>>,
 }
 
@@ -53,6 +55,7 @@ impl SqsPublisher {
             routing: config.routing.compile(),
             max_message_bytes: config.max_message_bytes,
             concurrency: config.concurrency,
+            envelope: config.envelope,
             urls: Mutex::new(HashMap::new()),
         }
     }
@@ -98,8 +101,11 @@ impl SqsPublisher {
     }
 
     fn entry(&self, index: usize, event: &Event, fifo: bool) -> Result<Entry, PublishError> {
-        let body = event.payload_str();
-        let attributes = envelope::attributes(event);
+        let encoded = self.envelope.encode(event, &envelope::BINDING);
+        // Every envelope's body is JSON text.
+        let body = std::str::from_utf8(&encoded.body)
+            .map_err(|e| PublishError::permanent(format!("sqs: body is not UTF-8: {e}")))?;
+        let attributes = envelope::attributes(&encoded);
         let size = envelope::message_size(body, &attributes);
         if size > self.max_message_bytes {
             return Err(PublishError::permanent(format!(

@@ -9,6 +9,7 @@ use pgoutbox_core::conformance::proxy::TcpProxy;
 use pgoutbox_core::conformance::{
     self, BoxError, ConformanceTarget, OutageTarget, ReceivedMessage,
 };
+use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::Event;
 use pgoutbox_sqs::{SqsConfig, SqsPublisher};
 
@@ -18,10 +19,17 @@ struct Sqs {
     client: pgoutbox_sqs::aws_sdk_sqs::Client,
     /// In front of moto, for the outage checks.
     proxy: TcpProxy,
+    /// The envelope of the publishers under test.
+    envelope: Envelope,
 }
 
 impl Sqs {
     async fn new() -> Self {
+        Self::with_envelope(Envelope::Outbox).await
+    }
+
+    /// A fresh queue, published to with `envelope`.
+    async fn with_envelope(envelope: Envelope) -> Self {
         let name = unique("conformance", true);
         let client = common::publisher(&name).await.client().clone();
         let url = create_queue(&client, &name).await;
@@ -30,6 +38,7 @@ impl Sqs {
             url,
             client,
             proxy: TcpProxy::start(moto_addr()).expect("proxy in front of moto"),
+            envelope,
         }
     }
 }
@@ -39,22 +48,20 @@ impl ConformanceTarget for Sqs {
 
     async fn publisher(&self) -> Result<SqsPublisher, BoxError> {
         // By name: exercises GetQueueUrl and its cache.
-        Ok(common::config(&self.name).build().await?)
+        Ok(common::config(&self.name)
+            .envelope(self.envelope.clone())
+            .build()
+            .await?)
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ReceivedMessage>, BoxError> {
         let mut out = Vec::new();
         for m in read(&self.client, &self.url, max, wait).await {
-            let r = pgoutbox_sqs::metadata(&m)?;
-            out.push(ReceivedMessage {
-                id: r.event_id,
-                event_type: r.event_type,
-                aggregate_type: r.aggregate_type,
-                aggregate_id: r.aggregate_id,
-                created_at: r.created_at,
-                payload: m.body().unwrap_or_default().as_bytes().to_vec(),
-                headers: r.headers,
-            });
+            let metadata = pgoutbox_sqs::metadata(&m)?;
+            out.push(ReceivedMessage::new(
+                metadata,
+                m.body().unwrap_or_default().as_bytes(),
+            )?);
         }
         Ok(out)
     }
@@ -103,3 +110,4 @@ impl OutageTarget for Sqs {
 
 pgoutbox_core::conformance_tests!(Sqs::new().await);
 pgoutbox_postgres::relay_conformance_tests!(Sqs::new().await);
+pgoutbox_core::conformance_tests!(@envelopes Sqs::with_envelope, |_| async {});

@@ -14,6 +14,7 @@ use pgoutbox_amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKi
 use pgoutbox_amqp::{AmqpConfig, AmqpPublisher, AmqpRouting, Metadata};
 use pgoutbox_core::conformance::proxy::TcpProxy;
 use pgoutbox_core::conformance::{BoxError, ConformanceTarget, OutageTarget, ReceivedMessage};
+use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::Event;
 
 /// The broker under test: `AMQP_URL`, or the local RabbitMQ.
@@ -42,10 +43,17 @@ pub struct AmqpTarget {
     channel: Channel,
     /// In front of the broker, for the outage checks.
     proxy: TcpProxy,
+    /// The envelope of the publishers under test.
+    envelope: Envelope,
 }
 
 impl AmqpTarget {
     pub async fn new() -> Self {
+        Self::with_envelope(Envelope::Outbox).await
+    }
+
+    /// A target whose publishers under test encode with `envelope`.
+    pub async fn with_envelope(envelope: Envelope) -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let exchange = format!("outbox_test_{id}");
         let queue = format!("outbox_test_{id}");
@@ -88,6 +96,7 @@ impl AmqpTarget {
             connection,
             channel,
             proxy: TcpProxy::start(amqp_addr()).expect("proxy in front of RabbitMQ"),
+            envelope,
         }
     }
 
@@ -96,6 +105,7 @@ impl AmqpTarget {
         AmqpConfig::new(url)
             .routing(AmqpRouting::new(&self.exchange))
             .timeout(Duration::from_secs(5))
+            .envelope(self.envelope.clone())
     }
 
     /// Get and ack up to `max` deliveries, waiting at most `wait` for the first.
@@ -144,20 +154,11 @@ impl ConformanceTarget for AmqpTarget {
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<ReceivedMessage>, BoxError> {
-        Ok(self
-            .get(max, wait)
-            .await
-            .into_iter()
-            .map(|(m, payload)| ReceivedMessage {
-                id: m.event_id,
-                event_type: m.event_type,
-                aggregate_type: m.aggregate_type,
-                aggregate_id: m.aggregate_id,
-                created_at: m.created_at,
-                payload,
-                headers: m.headers,
-            })
-            .collect())
+        let mut out = Vec::new();
+        for (metadata, body) in self.get(max, wait).await {
+            out.push(ReceivedMessage::new(metadata, &body)?);
+        }
+        Ok(out)
     }
 
     fn refused(&self, mut event: Event) -> Event {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use pgoutbox_core::conformance::proxy::TcpProxy;
 use pgoutbox_core::conformance::{BoxError, ConformanceTarget, OutageTarget, ReceivedMessage};
+use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::Event;
 use pgoutbox_nats::async_nats::jetstream::stream::StorageType;
 use pgoutbox_nats::{EventConsumer, EventMessage, NatsConfig, NatsPublisher, SubjectRouting};
@@ -34,10 +35,17 @@ pub struct NatsTarget {
     pub consumer: EventConsumer,
     /// In front of the server, for the outage checks.
     pub proxy: TcpProxy,
+    /// The envelope of the publishers under test.
+    pub envelope: Envelope,
 }
 
 impl NatsTarget {
     pub async fn new() -> Self {
+        Self::with_envelope(Envelope::Outbox).await
+    }
+
+    /// A target whose publishers under test encode with `envelope`.
+    pub async fn with_envelope(envelope: Envelope) -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let prefix = format!("outbox_test_{id}");
         let stream = format!("OUTBOX_TEST_{id}");
@@ -61,12 +69,13 @@ impl NatsTarget {
             admin,
             consumer,
             proxy: TcpProxy::start(nats_addr()).expect("proxy in front of NATS"),
+            envelope,
         }
     }
 
     /// Settings to publish into this target's stream via `url`.
     pub fn config(&self, url: &str) -> NatsConfig {
-        Self::config_for(&self.prefix, url)
+        Self::config_for(&self.prefix, url).envelope(self.envelope.clone())
     }
 
     fn config_for(prefix: &str, url: &str) -> NatsConfig {
@@ -114,16 +123,10 @@ impl ConformanceTarget for NatsTarget {
         for message in self.consumer.fetch(max, wait).await? {
             let message = message?;
             message.ack().await?;
-            let m = message.metadata;
-            out.push(ReceivedMessage {
-                id: m.event_id,
-                event_type: m.event_type,
-                aggregate_type: m.aggregate_type,
-                aggregate_id: m.aggregate_id,
-                created_at: m.created_at,
-                payload: message.message.payload.to_vec(),
-                headers: m.headers,
-            });
+            out.push(ReceivedMessage::new(
+                message.metadata,
+                &message.message.payload,
+            )?);
         }
         Ok(out)
     }

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::{DynPublisher, Publisher, StdoutPublisher};
 
 use crate::config::{BrokerSection, RoutingSection, Settings};
@@ -157,6 +158,9 @@ impl Spec {
                     "broker {kind}: [routing] rules are for the built-in brokers; ignored"
                 );
             }
+            if settings.envelope != Envelope::Outbox {
+                tracing::warn!("broker {kind}: [envelope] is for the built-in brokers; ignored");
+            }
             let section = match settings.broker.custom.get(kind) {
                 Some(toml::Value::Table(table)) => table.clone(),
                 _ => toml::Table::new(),
@@ -182,7 +186,15 @@ impl Spec {
                 compiled().join(", ")
             )));
         }
-        read_kind(kind, &settings.broker, &settings.routing)
+        if kind == "stdout" && settings.envelope != Envelope::Outbox {
+            tracing::warn!("broker stdout: [envelope] is for the message brokers; ignored");
+        }
+        read_kind(
+            kind,
+            &settings.broker,
+            &settings.routing,
+            &settings.envelope,
+        )
     }
 
     /// The broker's name, for logs.
@@ -308,6 +320,7 @@ fn read_kind(
     kind: &str,
     broker: &BrokerSection,
     routing: &RoutingSection,
+    envelope: &Envelope,
 ) -> Result<Spec, Failure> {
     let bad = |e: &dyn std::fmt::Display| Failure::config(format!("broker {kind}: {e}"));
     #[cfg_attr(
@@ -349,7 +362,7 @@ fn read_kind(
             for (aggregate_type, subject) in &routing.aggregate_type {
                 rules = rules.aggregate_type(aggregate_type, subject);
             }
-            let config = config.routing(rules);
+            let config = config.routing(rules).envelope(envelope.clone());
             config.validate().map_err(|e| bad(&e))?;
             Ok(Spec::Nats(config, file.ensure_stream.clone()))
         }
@@ -378,7 +391,7 @@ fn read_kind(
                 let (ex, key) = split(dest);
                 rules = rules.aggregate_type(aggregate_type, ex, key);
             }
-            let config = config.routing(rules);
+            let config = config.routing(rules).envelope(envelope.clone());
             config.validate().map_err(|e| bad(&e))?;
             Ok(Spec::Amqp(config))
         }
@@ -395,8 +408,9 @@ fn read_kind(
             vars.default(ENV_DELIVERY_TIMEOUT_MS, millis(file.delivery_timeout));
             vars.default(ENV_QUEUE_TIMEOUT_MS, millis(file.queue_timeout));
             vars.default(ENV_SASL_PASSWORD_FILE, file.sasl_password_file.clone());
-            let mut config =
-                pgoutbox_kafka::KafkaConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
+            let mut config = pgoutbox_kafka::KafkaConfig::from_vars(vars.take())
+                .map_err(|e| bad(&e))?
+                .envelope(envelope.clone());
             for (key, value) in &file.properties {
                 let var = format!(
                     "{ENV_RDKAFKA_PREFIX}{}",
@@ -433,8 +447,9 @@ fn read_kind(
             vars.default(ENV_ENDPOINT, file.endpoint.clone());
             vars.default(ENV_REGION, file.region.clone());
             vars.default(ENV_TIMEOUT_MS, millis(file.timeout));
-            let mut config =
-                pgoutbox_sqs::SqsConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
+            let mut config = pgoutbox_sqs::SqsConfig::from_vars(vars.take())
+                .map_err(|e| bad(&e))?
+                .envelope(envelope.clone());
             for (event_type, queue) in &routing.event_type {
                 config = config.route_event_type(event_type, queue);
             }

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use pgoutbox_core::envelope::{self, Envelope};
 use pgoutbox_core::{RelayConfig, RetryPolicy};
 use pgoutbox_postgres::{AfterDeadLetter, Retention, StoreConfig, Tables, Wakeup};
 use serde::{Deserialize, Deserializer};
@@ -84,6 +85,16 @@ pub(crate) struct FileConfig {
     pub(crate) http: HttpSection,
     pub(crate) broker: BrokerSection,
     pub(crate) routing: RoutingSection,
+    pub(crate) envelope: EnvelopeSection,
+}
+
+/// `[envelope]`: how the built-in brokers encode events (outbox or CloudEvents).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct EnvelopeSection {
+    pub(crate) format: Option<String>,
+    pub(crate) source: Option<String>,
+    pub(crate) subject: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -394,6 +405,7 @@ pub(crate) struct Settings {
     pub(crate) stuck_after: Duration,
     pub(crate) broker: BrokerSection,
     pub(crate) routing: RoutingSection,
+    pub(crate) envelope: Envelope,
 }
 
 impl Settings {
@@ -467,6 +479,9 @@ pub(crate) const ENV_VARS: &[(&str, &str)] = &[
     ("OUTBOX_RETENTION", "retention.published"),
     ("OUTBOX_HTTP_LISTEN", "http.listen"),
     ("OUTBOX_HTTP_STUCK_AFTER", "http.stuck_after"),
+    (envelope::VAR_ENVELOPE, "envelope.format"),
+    (envelope::VAR_CLOUDEVENTS_SOURCE, "envelope.source"),
+    (envelope::VAR_CLOUDEVENTS_SUBJECT, "envelope.subject"),
 ];
 
 /// Apply every `OUTBOX_*` override that is set and not empty.
@@ -529,6 +544,9 @@ pub(crate) fn apply_env(
             }
             "OUTBOX_HTTP_LISTEN" => file.http.listen = value.trim().to_string(),
             "OUTBOX_HTTP_STUCK_AFTER" => file.http.stuck_after = Some(duration(&value)?),
+            envelope::VAR_ENVELOPE => file.envelope.format = Some(value.trim().to_string()),
+            envelope::VAR_CLOUDEVENTS_SOURCE => file.envelope.source = Some(value.clone()),
+            envelope::VAR_CLOUDEVENTS_SUBJECT => file.envelope.subject = Some(value.clone()),
             _ => {}
         }
     }
@@ -549,6 +567,13 @@ pub(crate) fn apply_env(
 
 fn validate(file: FileConfig) -> Result<Settings, Failure> {
     let config = |m: String| Failure::config(m);
+    let e = &file.envelope;
+    let envelope = Envelope::from_settings(
+        e.format.as_deref().unwrap_or("outbox"),
+        e.source.as_deref(),
+        e.subject.as_deref(),
+    )
+    .map_err(|e| config(format!("envelope: {e}")))?;
     let tables = Tables::in_schema(&file.tables.schema)
         .and_then(|t| t.with_events_table(&file.tables.events_table))
         .and_then(|t| t.with_inbox_table(&file.tables.inbox_table))
@@ -716,6 +741,7 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
         stuck_after,
         broker: file.broker,
         routing: file.routing,
+        envelope,
     })
 }
 

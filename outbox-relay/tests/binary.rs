@@ -467,6 +467,28 @@ fn bad_configuration_is_one_clear_line() {
             );
         }
     }
+    let no_source = Config::new("[envelope]\nformat = \"cloudevents-binary\"\n");
+    fails_with(
+        &no_source.path,
+        &["relay"],
+        &[],
+        "envelope: the CloudEvents envelope needs a source",
+    );
+    fails_with(
+        &fine.path,
+        &["check"],
+        &[("OUTBOX_ENVELOPE", "cloudevent")],
+        "unknown envelope \"cloudevent\"",
+    );
+    let bad_subject = Config::new(
+        "[envelope]\nformat = \"cloudevents-structured\"\nsource = \"/s\"\nsubject = \"{tenant}\"\n",
+    );
+    fails_with(
+        &bad_subject.path,
+        &["relay"],
+        &[],
+        "unknown placeholder {tenant}",
+    );
     let missing = PathBuf::from("/nonexistent/outbox.toml");
     fails_with(&missing, &["migrate"], &[], "cannot read config file");
 }

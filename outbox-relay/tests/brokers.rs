@@ -2,7 +2,9 @@
 //! `binary.rs`): RabbitMQ, Kafka (tansu, `OUTBOX_TANSU_BROKERS`) and SQS (moto,
 //! `OUTBOX_SQS_ENDPOINT`), configured by the file's `[broker.<kind>]` section as an
 //! operator writes it. Every event arrives once, each aggregate's in insertion order,
-//! read back with the adapter's consumer helper.
+//! read back with the adapter's consumer helper. RabbitMQ runs with the CloudEvents
+//! envelope in structured mode, SQS in binary mode (`[envelope]`), the others with
+//! the default outbox envelope.
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 mod common;
@@ -11,6 +13,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::{command, dead_count, wait_until_drained, Config, RelayProcess};
+#[allow(unused_imports)] // not every broker feature is compiled in every build
+use pgoutbox_core::envelope::Format;
 use pgoutbox_core::NewEvent;
 use pgoutbox_postgres::testing::TestOutbox;
 use uuid::Uuid;
@@ -146,7 +150,8 @@ async fn relay_publishes_to_rabbitmq() {
         .unwrap();
 
     let (outbox, runs) = publish_through_binary(
-        &format!("[broker]\nkind = \"amqp\"\n[broker.amqp]\nurl = \"{url}\"\nexchange = \"{exchange}\"\n"),
+        &format!("[broker]\nkind = \"amqp\"\n[broker.amqp]\nurl = \"{url}\"\nexchange = \"{exchange}\"\n\
+                  [envelope]\nformat = \"cloudevents-structured\"\nsource = \"/relay-test\"\n"),
         &[],
     )
     .await;
@@ -158,6 +163,11 @@ async fn relay_publishes_to_rabbitmq() {
         .unwrap()
     {
         let metadata = pgoutbox_amqp::metadata(&message.delivery).unwrap();
+        assert_eq!(metadata.format, Format::CloudEventsStructured);
+        assert_eq!(metadata.source.as_deref(), Some("/relay-test"));
+        assert_eq!(metadata.subject.as_ref(), Some(&metadata.aggregate_id));
+        let body: serde_json::Value = metadata.decode(&message.delivery.data).unwrap();
+        assert!(body["n"].is_u64(), "{body}");
         received.push((metadata.aggregate_id.clone(), metadata.event_id));
         message
             .delivery
@@ -260,8 +270,15 @@ async fn relay_publishes_to_sqs_on_moto() {
         &format!(
             "[broker]\nkind = \"sqs\"\n[broker.sqs]\nqueue = \"{queue}\"\nendpoint = \"{endpoint}\"\nregion = \"us-east-1\"\n"
         ),
-        // Credentials come from the AWS SDK's usual chain; moto accepts any.
-        &[("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test")],
+        // Credentials come from the AWS SDK's usual chain; moto accepts any. The
+        // envelope from the environment, as a deployment would set it.
+        &[
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+            ("OUTBOX_ENVELOPE", "cloudevents-binary"),
+            ("OUTBOX_CLOUDEVENTS_SOURCE", "urn:relay-test"),
+            ("OUTBOX_CLOUDEVENTS_SUBJECT", "{aggregate_type}/{aggregate_id}"),
+        ],
     )
     .await;
 
@@ -286,6 +303,12 @@ async fn relay_publishes_to_sqs_on_moto() {
             .unwrap();
         for message in got.messages() {
             let metadata = pgoutbox_sqs::metadata(message).unwrap();
+            assert_eq!(metadata.format, Format::CloudEventsBinary);
+            assert_eq!(metadata.source.as_deref(), Some("urn:relay-test"));
+            assert_eq!(
+                metadata.subject,
+                Some(format!("order/{}", metadata.aggregate_id))
+            );
             received.push((metadata.aggregate_id.clone(), metadata.event_id));
             client
                 .delete_message()

@@ -8,6 +8,7 @@ mod broker_health;
 pub mod conformance;
 pub mod envelope;
 pub mod event;
+pub mod layer;
 mod liveness;
 pub mod local;
 pub mod publisher;

@@ -55,6 +55,15 @@ pub fn describe() {
         Unit::Seconds,
         "Time from event creation to broker acknowledgement"
     );
+    describe_counter!(
+        crate::layer::PUBLISHER_EVENTS,
+        "Outcomes of the events handed to a publisher (MetricsLayer), by publisher and outcome"
+    );
+    describe_histogram!(
+        crate::layer::PUBLISHER_CALL_DURATION,
+        Unit::Seconds,
+        "Time of one publish call of a publisher (MetricsLayer), by publisher"
+    );
 }
 
 /// The `event_type` label value for event types past the bound of [`EventTypeLabels`].

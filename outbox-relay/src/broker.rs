@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use pgoutbox_core::envelope::Envelope;
+use pgoutbox_core::layer::{MetricsLayer, PublisherExt};
 use pgoutbox_core::{DynPublisher, Publisher, StdoutPublisher};
 
 use crate::config::{BrokerSection, RoutingSection, Settings};
@@ -216,10 +217,12 @@ impl Spec {
     /// Create the publisher. Adapters connect lazily, so a relay can start while its
     /// broker is down; `/readyz` tells when it is reachable. With `Prepare::Yes`
     /// the configured JetStream stream and Kafka topics are created when missing
-    /// (`outbox check` leaves them alone).
+    /// (`outbox check` leaves them alone). The publisher reports its calls as
+    /// `outbox_publisher_*` metrics labelled with the broker's name ([`MetricsLayer`]).
     pub(crate) async fn build(self, prepare: Prepare) -> Result<BrokerPublisher, Failure> {
         let prepare = prepare == Prepare::Yes;
-        Ok(match self {
+        let metrics = MetricsLayer::new(self.name());
+        let publisher: BrokerPublisher = match self {
             Self::Stdout => Arc::new(StdoutPublisher),
             Self::Custom {
                 kind,
@@ -258,7 +261,8 @@ impl Spec {
             }
             #[cfg(feature = "sqs")]
             Self::Sqs(config) => Arc::new(config.build().await.map_err(invalid)?),
-        })
+        };
+        Ok(Arc::new(publisher.layer(metrics)))
     }
 }
 

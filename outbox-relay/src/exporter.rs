@@ -2,7 +2,7 @@
 //! gauges only the binary reports.
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use pgoutbox_core::telemetry;
+use pgoutbox_core::{layer, telemetry};
 
 use crate::failure::Failure;
 
@@ -33,6 +33,8 @@ pub(crate) const ALL: &[&str] = &[
     telemetry::BROKER_UP,
     telemetry::BATCH_DURATION,
     telemetry::PUBLISH_LAG,
+    layer::PUBLISHER_EVENTS,
+    layer::PUBLISHER_CALL_DURATION,
     DEAD_LETTERS,
     OLDEST_PENDING_AGE,
     CLEANUP_DELETED,
@@ -51,6 +53,11 @@ pub(crate) fn install(outbox: &str) -> Result<PrometheusHandle, Failure> {
         )
         .map_err(failed)?
         .set_buckets_for_metric(Matcher::Full(telemetry::PUBLISH_LAG.into()), LAG_BUCKETS)
+        .map_err(failed)?
+        .set_buckets_for_metric(
+            Matcher::Full(layer::PUBLISHER_CALL_DURATION.into()),
+            BATCH_BUCKETS,
+        )
         .map_err(failed)?
         .install_recorder()
         .map_err(failed)?;

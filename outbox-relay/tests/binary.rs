@@ -180,6 +180,23 @@ async fn metrics_and_health_endpoints() {
         );
     }
     assert_eq!(sample(&metrics, "outbox_dead_letters"), Some(1.0));
+    // The broker's own share, per call (the publisher layer of the binary).
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("outbox_publisher_events_total{")
+                && l.contains("publisher=\"stdout\"")
+                && l.contains("outcome=\"published\"")
+                && l.ends_with(&format!(" {}", ids.len()))),
+        "published events per publisher:\n{metrics}"
+    );
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("outbox_publisher_call_duration_seconds_bucket{")
+                && l.contains("publisher=\"stdout\"")
+        ),
+        "publisher call duration must be a histogram:\n{metrics}"
+    );
     for name in alert_metric_names() {
         if ONLY_AFTER_A_FAILURE.contains(&name.as_str()) {
             continue;

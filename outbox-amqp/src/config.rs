@@ -12,6 +12,19 @@ use crate::error::{Error, Result};
 use crate::publisher::AmqpPublisher;
 use crate::routing::AmqpRouting;
 
+/// Environment variable `OUTBOX_AMQP_PASSWORD_FILE` (see [`AmqpConfig::from_env`]).
+pub const ENV_PASSWORD_FILE: &str = "OUTBOX_AMQP_PASSWORD_FILE";
+/// Environment variable `OUTBOX_AMQP_URL` (see [`AmqpConfig::from_env`]).
+pub const ENV_URL: &str = "OUTBOX_AMQP_URL";
+/// Environment variable `OUTBOX_AMQP_EXCHANGE` (see [`AmqpConfig::from_env`]).
+pub const ENV_EXCHANGE: &str = "OUTBOX_AMQP_EXCHANGE";
+/// Environment variable `OUTBOX_AMQP_TIMEOUT_MS` (see [`AmqpConfig::from_env`]).
+pub const ENV_TIMEOUT_MS: &str = "OUTBOX_AMQP_TIMEOUT_MS";
+/// Environment variable `OUTBOX_AMQP_CONNECTION_NAME` (see [`AmqpConfig::from_env`]).
+pub const ENV_CONNECTION_NAME: &str = "OUTBOX_AMQP_CONNECTION_NAME";
+/// Environment variable `OUTBOX_AMQP_TLS_CA` (see [`AmqpConfig::from_env`]).
+pub const ENV_TLS_CA: &str = "OUTBOX_AMQP_TLS_CA";
+
 /// Default broker URL: a local RabbitMQ with the guest account.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
@@ -108,28 +121,28 @@ impl AmqpConfig {
     pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let var = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let mut config = Self::default();
-        if let Some(url) = var("OUTBOX_AMQP_URL") {
+        if let Some(url) = var(ENV_URL) {
             config.url = url;
         }
-        if let Some(exchange) = var("OUTBOX_AMQP_EXCHANGE") {
+        if let Some(exchange) = var(ENV_EXCHANGE) {
             config.routing = AmqpRouting::new(exchange);
         }
-        if let Some(ms) = var("OUTBOX_AMQP_TIMEOUT_MS") {
+        if let Some(ms) = var(ENV_TIMEOUT_MS) {
             let ms: u64 = ms
                 .trim()
                 .parse()
-                .map_err(|e| Error::config("OUTBOX_AMQP_TIMEOUT_MS", format!("`{ms}`: {e}")))?;
+                .map_err(|e| Error::config(ENV_TIMEOUT_MS, format!("`{ms}`: {e}")))?;
             config.timeout = Duration::from_millis(ms);
         }
-        if let Some(name) = var("OUTBOX_AMQP_CONNECTION_NAME") {
+        if let Some(name) = var(ENV_CONNECTION_NAME) {
             config.connection_name = name;
         }
-        if let Some(path) = var("OUTBOX_AMQP_PASSWORD_FILE") {
+        if let Some(path) = var(ENV_PASSWORD_FILE) {
             let password = pgoutbox_core::read_secret_file(std::path::Path::new(&path))
-                .map_err(|e| Error::config("OUTBOX_AMQP_PASSWORD_FILE", e.to_string()))?;
+                .map_err(|e| Error::config(ENV_PASSWORD_FILE, e.to_string()))?;
             config.password = Some(password);
         }
-        config.tls_ca_file = var("OUTBOX_AMQP_TLS_CA").map(PathBuf::from);
+        config.tls_ca_file = var(ENV_TLS_CA).map(PathBuf::from);
         config.envelope =
             Envelope::from_lookup(var).map_err(|e| Error::config("envelope", e.to_string()))?;
         Ok(config)

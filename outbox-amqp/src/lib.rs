@@ -8,7 +8,10 @@ mod publisher;
 mod routing;
 mod tls;
 
-pub use config::{AmqpConfig, DEFAULT_URL};
+pub use config::{
+    AmqpConfig, DEFAULT_URL, ENV_CONNECTION_NAME, ENV_EXCHANGE, ENV_PASSWORD_FILE, ENV_TIMEOUT_MS,
+    ENV_TLS_CA, ENV_URL,
+};
 pub use consumer::metadata;
 pub use error::{Error, Result};
 /// The envelope settings (outbox or CloudEvents), and the metadata of a received

@@ -12,6 +12,39 @@ use crate::error::{Error, Result};
 use crate::publisher::NatsPublisher;
 use crate::routing::SubjectRouting;
 
+/// Environment variable `OUTBOX_NATS_URL` (see [`NatsConfig::from_env`]).
+pub const ENV_URL: &str = "OUTBOX_NATS_URL";
+/// Environment variable `OUTBOX_NATS_SUBJECT_PREFIX` (see [`NatsConfig::from_env`]).
+pub const ENV_SUBJECT_PREFIX: &str = "OUTBOX_NATS_SUBJECT_PREFIX";
+/// Environment variable `OUTBOX_NATS_TIMEOUT_MS` (see [`NatsConfig::from_env`]).
+pub const ENV_TIMEOUT_MS: &str = "OUTBOX_NATS_TIMEOUT_MS";
+/// Environment variable `OUTBOX_NATS_MAX_IN_FLIGHT` (see [`NatsConfig::from_env`]).
+pub const ENV_MAX_IN_FLIGHT: &str = "OUTBOX_NATS_MAX_IN_FLIGHT";
+/// Environment variable `OUTBOX_NATS_CLIENT_NAME` (see [`NatsConfig::from_env`]).
+pub const ENV_CLIENT_NAME: &str = "OUTBOX_NATS_CLIENT_NAME";
+/// Environment variable `OUTBOX_NATS_USER` (see [`NatsConfig::from_env`]).
+pub const ENV_USER: &str = "OUTBOX_NATS_USER";
+/// Environment variable `OUTBOX_NATS_PASSWORD` (see [`NatsConfig::from_env`]).
+pub const ENV_PASSWORD: &str = "OUTBOX_NATS_PASSWORD";
+/// Environment variable `OUTBOX_NATS_TOKEN` (see [`NatsConfig::from_env`]).
+pub const ENV_TOKEN: &str = "OUTBOX_NATS_TOKEN";
+/// Environment variable `OUTBOX_NATS_PASSWORD_FILE` (see [`NatsConfig::from_env`]).
+pub const ENV_PASSWORD_FILE: &str = "OUTBOX_NATS_PASSWORD_FILE";
+/// Environment variable `OUTBOX_NATS_TOKEN_FILE` (see [`NatsConfig::from_env`]).
+pub const ENV_TOKEN_FILE: &str = "OUTBOX_NATS_TOKEN_FILE";
+/// Environment variable `OUTBOX_NATS_TLS_REQUIRED` (see [`NatsConfig::from_env`]).
+pub const ENV_TLS_REQUIRED: &str = "OUTBOX_NATS_TLS_REQUIRED";
+/// Environment variable `OUTBOX_NATS_TLS_CA` (see [`NatsConfig::from_env`]).
+pub const ENV_TLS_CA: &str = "OUTBOX_NATS_TLS_CA";
+/// Environment variable `OUTBOX_NATS_TLS_CERT` (see [`NatsConfig::from_env`]).
+pub const ENV_TLS_CERT: &str = "OUTBOX_NATS_TLS_CERT";
+/// Environment variable `OUTBOX_NATS_TLS_KEY` (see [`NatsConfig::from_env`]).
+pub const ENV_TLS_KEY: &str = "OUTBOX_NATS_TLS_KEY";
+/// Environment variable `OUTBOX_NATS_CREDS` (see [`NatsConfig::from_env`]).
+pub const ENV_CREDS: &str = "OUTBOX_NATS_CREDS";
+/// Environment variable `OUTBOX_NATS_NKEY_FILE` (see [`NatsConfig::from_env`]).
+pub const ENV_NKEY_FILE: &str = "OUTBOX_NATS_NKEY_FILE";
+
 /// Default server URL.
 pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
 
@@ -146,23 +179,23 @@ impl NatsConfig {
     pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let var = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let mut config = Self::default();
-        if let Some(url) = var("OUTBOX_NATS_URL") {
+        if let Some(url) = var(ENV_URL) {
             config.url = url;
         }
-        if let Some(prefix) = var("OUTBOX_NATS_SUBJECT_PREFIX") {
+        if let Some(prefix) = var(ENV_SUBJECT_PREFIX) {
             config.routing = SubjectRouting::new(prefix);
         }
-        if let Some(ms) = var("OUTBOX_NATS_TIMEOUT_MS") {
-            config.timeout = Duration::from_millis(parse("OUTBOX_NATS_TIMEOUT_MS", &ms)?);
+        if let Some(ms) = var(ENV_TIMEOUT_MS) {
+            config.timeout = Duration::from_millis(parse(ENV_TIMEOUT_MS, &ms)?);
         }
-        if let Some(n) = var("OUTBOX_NATS_MAX_IN_FLIGHT") {
-            config.max_in_flight = parse("OUTBOX_NATS_MAX_IN_FLIGHT", &n)?;
+        if let Some(n) = var(ENV_MAX_IN_FLIGHT) {
+            config.max_in_flight = parse(ENV_MAX_IN_FLIGHT, &n)?;
         }
-        if let Some(name) = var("OUTBOX_NATS_CLIENT_NAME") {
+        if let Some(name) = var(ENV_CLIENT_NAME) {
             config.client_name = name;
         }
-        let password = value_or_file(&var, "OUTBOX_NATS_PASSWORD", "OUTBOX_NATS_PASSWORD_FILE")?;
-        match (var("OUTBOX_NATS_USER"), password) {
+        let password = value_or_file(&var, ENV_PASSWORD, ENV_PASSWORD_FILE)?;
+        match (var(ENV_USER), password) {
             (Some(user), Some(password)) => config.user_password = Some((user, password)),
             (None, None) => {}
             _ => {
@@ -172,12 +205,12 @@ impl NatsConfig {
                 ))
             }
         }
-        config.token = value_or_file(&var, "OUTBOX_NATS_TOKEN", "OUTBOX_NATS_TOKEN_FILE")?;
-        if let Some(flag) = var("OUTBOX_NATS_TLS_REQUIRED") {
-            config.tls_required = parse("OUTBOX_NATS_TLS_REQUIRED", &flag)?;
+        config.token = value_or_file(&var, ENV_TOKEN, ENV_TOKEN_FILE)?;
+        if let Some(flag) = var(ENV_TLS_REQUIRED) {
+            config.tls_required = parse(ENV_TLS_REQUIRED, &flag)?;
         }
-        config.tls_ca_file = var("OUTBOX_NATS_TLS_CA").map(PathBuf::from);
-        config.tls_client_cert = match (var("OUTBOX_NATS_TLS_CERT"), var("OUTBOX_NATS_TLS_KEY")) {
+        config.tls_ca_file = var(ENV_TLS_CA).map(PathBuf::from);
+        config.tls_client_cert = match (var(ENV_TLS_CERT), var(ENV_TLS_KEY)) {
             (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
             (None, None) => None,
             _ => {
@@ -187,8 +220,8 @@ impl NatsConfig {
                 ))
             }
         };
-        config.credentials_file = var("OUTBOX_NATS_CREDS").map(PathBuf::from);
-        config.nkey_seed_file = var("OUTBOX_NATS_NKEY_FILE").map(PathBuf::from);
+        config.credentials_file = var(ENV_CREDS).map(PathBuf::from);
+        config.nkey_seed_file = var(ENV_NKEY_FILE).map(PathBuf::from);
         config.envelope =
             Envelope::from_lookup(var).map_err(|e| Error::config("envelope", e.to_string()))?;
         Ok(config)

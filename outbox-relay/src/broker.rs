@@ -336,28 +336,31 @@ fn read_kind(
         #[cfg(feature = "nats")]
         "nats" => {
             let file = &broker.nats;
-            vars.default("OUTBOX_NATS_URL", file.url.clone());
-            vars.default("OUTBOX_NATS_SUBJECT_PREFIX", file.subject_prefix.clone());
-            vars.default("OUTBOX_NATS_TIMEOUT_MS", millis(file.timeout));
+            vars.default(pgoutbox_nats::ENV_URL, file.url.clone());
             vars.default(
-                "OUTBOX_NATS_MAX_IN_FLIGHT",
+                pgoutbox_nats::ENV_SUBJECT_PREFIX,
+                file.subject_prefix.clone(),
+            );
+            vars.default(pgoutbox_nats::ENV_TIMEOUT_MS, millis(file.timeout));
+            vars.default(
+                pgoutbox_nats::ENV_MAX_IN_FLIGHT,
                 file.max_in_flight.map(|n| n.to_string()),
             );
-            vars.default("OUTBOX_NATS_CLIENT_NAME", file.client_name.clone());
-            vars.default("OUTBOX_NATS_USER", file.user.clone());
-            vars.default("OUTBOX_NATS_PASSWORD", file.password.clone());
-            vars.default("OUTBOX_NATS_TOKEN", file.token.clone());
-            vars.default("OUTBOX_NATS_PASSWORD_FILE", file.password_file.clone());
-            vars.default("OUTBOX_NATS_TOKEN_FILE", file.token_file.clone());
+            vars.default(pgoutbox_nats::ENV_CLIENT_NAME, file.client_name.clone());
+            vars.default(pgoutbox_nats::ENV_USER, file.user.clone());
+            vars.default(pgoutbox_nats::ENV_PASSWORD, file.password.clone());
+            vars.default(pgoutbox_nats::ENV_TOKEN, file.token.clone());
+            vars.default(pgoutbox_nats::ENV_PASSWORD_FILE, file.password_file.clone());
+            vars.default(pgoutbox_nats::ENV_TOKEN_FILE, file.token_file.clone());
             vars.default(
-                "OUTBOX_NATS_TLS_REQUIRED",
+                pgoutbox_nats::ENV_TLS_REQUIRED,
                 file.tls_required.map(|b| b.to_string()),
             );
-            vars.default("OUTBOX_NATS_TLS_CA", file.tls_ca.clone());
-            vars.default("OUTBOX_NATS_TLS_CERT", file.tls_cert.clone());
-            vars.default("OUTBOX_NATS_TLS_KEY", file.tls_key.clone());
-            vars.default("OUTBOX_NATS_CREDS", file.creds.clone());
-            vars.default("OUTBOX_NATS_NKEY_FILE", file.nkey_file.clone());
+            vars.default(pgoutbox_nats::ENV_TLS_CA, file.tls_ca.clone());
+            vars.default(pgoutbox_nats::ENV_TLS_CERT, file.tls_cert.clone());
+            vars.default(pgoutbox_nats::ENV_TLS_KEY, file.tls_key.clone());
+            vars.default(pgoutbox_nats::ENV_CREDS, file.creds.clone());
+            vars.default(pgoutbox_nats::ENV_NKEY_FILE, file.nkey_file.clone());
             let config = pgoutbox_nats::NatsConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             let mut rules = pgoutbox_nats::SubjectRouting::new(config.routing.prefix());
             for (event_type, subject) in &routing.event_type {
@@ -373,12 +376,15 @@ fn read_kind(
         #[cfg(feature = "amqp")]
         "amqp" => {
             let file = &broker.amqp;
-            vars.default("OUTBOX_AMQP_URL", file.url.clone());
-            vars.default("OUTBOX_AMQP_EXCHANGE", file.exchange.clone());
-            vars.default("OUTBOX_AMQP_TIMEOUT_MS", millis(file.timeout));
-            vars.default("OUTBOX_AMQP_CONNECTION_NAME", file.connection_name.clone());
-            vars.default("OUTBOX_AMQP_PASSWORD_FILE", file.password_file.clone());
-            vars.default("OUTBOX_AMQP_TLS_CA", file.tls_ca.clone());
+            vars.default(pgoutbox_amqp::ENV_URL, file.url.clone());
+            vars.default(pgoutbox_amqp::ENV_EXCHANGE, file.exchange.clone());
+            vars.default(pgoutbox_amqp::ENV_TIMEOUT_MS, millis(file.timeout));
+            vars.default(
+                pgoutbox_amqp::ENV_CONNECTION_NAME,
+                file.connection_name.clone(),
+            );
+            vars.default(pgoutbox_amqp::ENV_PASSWORD_FILE, file.password_file.clone());
+            vars.default(pgoutbox_amqp::ENV_TLS_CA, file.tls_ca.clone());
             let config = pgoutbox_amqp::AmqpConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
             let exchange = config.routing.exchange().to_string();
             let mut rules = pgoutbox_amqp::AmqpRouting::new(exchange.clone());

@@ -114,7 +114,7 @@ impl ReceivedMessage {
 }
 
 /// The CloudEvents envelope in binary mode, as the suite runs it
-/// ([`conformance_tests!`]`(@envelopes ...)`).
+/// ([`conformance_tests!`](crate::conformance_tests)`(@envelopes ...)`).
 pub fn cloudevents_binary() -> Envelope {
     cloudevents(ContentMode::Binary)
 }

@@ -36,6 +36,25 @@ if ! psql "$DATABASE_URL" -Atqc 'select 1' >/dev/null 2>&1; then
     exit 1
 fi
 
+# The WAL outbox reads a logical replication slot, which needs wal_level = logical:
+# a server restart. ALTER SYSTEM keeps it, so this happens once per machine.
+wal_level=$(psql "$DATABASE_URL" -Atqc 'SHOW wal_level')
+if [ "$wal_level" != logical ]; then
+    say "PostgreSQL has wal_level = $wal_level; the WAL outbox tests need logical: ALTER SYSTEM SET wal_level = logical, restarting PostgreSQL"
+    psql "$DATABASE_URL" -Atqc 'ALTER SYSTEM SET wal_level = logical' >/dev/null
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main restart
+    for _ in $(seq 60); do
+        if psql "$DATABASE_URL" -Atqc 'select 1' >/dev/null 2>&1; then break; fi
+        sleep 1
+    done
+    wal_level=$(psql "$DATABASE_URL" -Atqc 'SHOW wal_level' 2>/dev/null || true)
+    if [ "$wal_level" != logical ]; then
+        say "FAILED: PostgreSQL did not come back with wal_level = logical (it says: ${wal_level:-nothing})"
+        exit 1
+    fi
+    say "PostgreSQL restarted with wal_level = logical"
+fi
+
 # SQS: moto's server, installed (pip) and started by scripts/moto.sh, which
 # exports OUTBOX_SQS_ENDPOINT and stops the server when this script exits.
 # Kafka: most tests start librdkafka's mock cluster themselves; the conformance

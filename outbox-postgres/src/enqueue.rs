@@ -145,7 +145,7 @@ pub async fn enqueue(conn: &mut PgConnection, event: &NewEvent) -> Result<Uuid> 
 
 /// The current span's trace context headers (feature `opentelemetry`), added to
 /// events that carry no `traceparent` of their own; none without the feature.
-fn current_trace() -> pgoutbox_core::Headers {
+pub(crate) fn current_trace() -> pgoutbox_core::Headers {
     #[cfg(feature = "opentelemetry")]
     return pgoutbox_core::trace_context::current_trace_headers();
     #[cfg(not(feature = "opentelemetry"))]
@@ -156,11 +156,17 @@ fn current_trace() -> pgoutbox_core::Headers {
 /// A map of strings always serialises; the fallback keeps this free of panics all
 /// the same.
 fn headers_json(event: &NewEvent, trace: &pgoutbox_core::Headers) -> String {
-    let json = |headers| serde_json::to_string(headers).unwrap_or_else(|_| "{}".to_string());
-    if trace.is_empty() || event.headers.contains_key(pgoutbox_core::TRACEPARENT) {
-        return json(&event.headers);
-    }
+    serde_json::to_string(&headers_with_trace(event, trace)).unwrap_or_else(|_| "{}".to_string())
+}
+
+/// The event's headers, with `trace` added unless the event has a `traceparent`.
+pub(crate) fn headers_with_trace(
+    event: &NewEvent,
+    trace: &pgoutbox_core::Headers,
+) -> pgoutbox_core::Headers {
     let mut headers = event.headers.clone();
-    headers.extend(trace.iter().map(|(k, v)| (k.clone(), v.clone())));
-    json(&headers)
+    if !trace.is_empty() && !event.headers.contains_key(pgoutbox_core::TRACEPARENT) {
+        headers.extend(trace.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    headers
 }

@@ -39,6 +39,10 @@ pub enum Error {
     /// The database reported an error.
     #[error("outbox database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The WAL outbox cannot do what was asked (e.g. delay an event with
+    /// `not_before`, which needs the table), or the server is not set up for it.
+    #[error("WAL outbox: {0}")]
+    Wal(String),
 }
 
 impl Error {

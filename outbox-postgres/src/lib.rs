@@ -25,6 +25,9 @@ mod tables;
 #[cfg(feature = "test-utils")]
 pub mod testing;
 mod wakeup;
+#[cfg(feature = "wal")]
+#[cfg_attr(docsrs, doc(cfg(feature = "wal")))]
+pub mod wal;
 mod walk_start;
 
 pub use cleanup::Cleanup;

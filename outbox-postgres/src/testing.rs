@@ -113,22 +113,35 @@ impl Drop for TestOutbox {
             "DROP SCHEMA IF EXISTS {} CASCADE",
             self.tables.schema().quoted()
         );
-        // A runtime of its own on a thread of its own: this may run inside another
-        // runtime's worker, which must not block on a future itself.
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(async {
-                use sqlx::Connection;
-                let mut connection = sqlx::PgConnection::connect(&database_url()).await.ok()?;
-                sqlx::raw_sql(&statement)
-                    .execute(&mut connection)
-                    .await
-                    .ok()
-            })
-        })
-        .join();
+        block_on_detached(|| async move {
+            use sqlx::Connection;
+            let mut connection = sqlx::PgConnection::connect(&database_url()).await.ok()?;
+            sqlx::raw_sql(&statement)
+                .execute(&mut connection)
+                .await
+                .ok()
+        });
     }
+}
+
+/// Run the future `work` makes to completion on a runtime of its own, on a thread
+/// of its own, and wait for it; `None` when no runtime could be built or the work
+/// panicked. For cleanup in `Drop`, which may run inside another runtime's worker
+/// (which must not block on a future itself).
+pub fn block_on_detached<W, F, T>(work: W) -> Option<T>
+where
+    W: FnOnce() -> F + Send + 'static,
+    F: std::future::Future<Output = Option<T>>,
+    T: Send + 'static,
+{
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        runtime.block_on(work())
+    })
+    .join()
+    .ok()
+    .flatten()
 }

@@ -1,0 +1,247 @@
+//! The WAL outbox against the real PostgreSQL (`wal_level = logical`, which
+//! scripts/test.sh sets): events enqueued as transactional logical messages are
+//! read from a replication slot only when their transaction commits, in commit
+//! order, and an acknowledged transaction is not read again after a reconnect.
+#![cfg(feature = "wal")]
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::time::{Duration, Instant};
+
+use pgoutbox_core::NewEvent;
+use pgoutbox_postgres::testing::{block_on_detached, database_url, TestOutbox};
+use pgoutbox_postgres::wal::{slot, WalEvent, WalOutbox, WalStream};
+use pgoutbox_postgres::{Error, Ident};
+use uuid::Uuid;
+
+/// Longest wait for what a test expects from the stream.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A slot and publication of its own, dropped at the end of the test (also when
+/// it fails: an abandoned slot would keep WAL on the server for ever).
+struct TestSlot {
+    slot: Ident,
+    publication: Ident,
+}
+
+impl TestSlot {
+    async fn create(outbox: &TestOutbox) -> Self {
+        let id = &Uuid::new_v4().simple().to_string()[..12];
+        let this = Self {
+            slot: Ident::new("slot", &format!("outbox_test_wal_{id}")).unwrap(),
+            publication: Ident::new("publication", &format!("outbox_test_wal_{id}")).unwrap(),
+        };
+        assert!(slot::create(&outbox.pool, &this.slot, &this.publication)
+            .await
+            .unwrap());
+        // Idempotent: a second call finds both.
+        assert!(!slot::create(&outbox.pool, &this.slot, &this.publication)
+            .await
+            .unwrap());
+        this
+    }
+
+    /// A reader of the slot. The server releases a slot shortly after its previous
+    /// reader disconnected: until then it refuses a new one ("is active").
+    async fn stream(&self, outbox: &WalOutbox) -> WalStream {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match WalStream::connect(
+                &database_url(),
+                self.slot.as_str(),
+                self.publication.as_str(),
+                outbox.prefix(),
+                Duration::from_millis(100),
+            )
+            .await
+            {
+                Ok(stream) => return stream,
+                Err(e) if e.to_string().contains("is active") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("cannot read slot {}: {e}", self.slot),
+            }
+        }
+    }
+}
+
+impl Drop for TestSlot {
+    fn drop(&mut self) {
+        let (slot, publication) = (self.slot.clone(), self.publication.clone());
+        // The server releases the slot shortly after its reader disconnected:
+        // retry while it is still active.
+        block_on_detached(|| async move {
+            let pool = sqlx::PgPool::connect(&database_url()).await.ok()?;
+            let deadline = Instant::now() + WAIT;
+            while slot::drop(&pool, &slot, &publication).await.is_err() {
+                if Instant::now() > deadline {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Some(())
+        });
+    }
+}
+
+fn event(aggregate: &str, n: u32) -> NewEvent {
+    NewEvent::new(
+        "order",
+        aggregate,
+        "order.created",
+        &serde_json::json!({ "aggregate": aggregate, "n": n }),
+    )
+}
+
+/// The next transaction of the stream, skipping idle reports, within `WAIT`.
+async fn next_transaction(stream: &mut WalStream) -> (Vec<pgoutbox_core::Event>, u64) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let item = tokio::time::timeout(left, stream.next())
+            .await
+            .expect("a transaction within 30 s")
+            .unwrap()
+            .expect("the stream goes on");
+        if let WalEvent::Transaction { events, end_lsn } = item {
+            return (events, end_lsn);
+        }
+    }
+}
+
+fn ids(events: &[pgoutbox_core::Event]) -> Vec<Uuid> {
+    events.iter().map(|e| e.id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_committed_events_are_read_in_commit_order() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let slot = TestSlot::create(&outbox).await;
+    let wal = WalOutbox::new(&outbox.tables);
+    let mut stream = slot.stream(&wal).await;
+
+    // Committed: two events of one aggregate.
+    let first = [event("a", 1), event("a", 2)];
+    let mut tx = outbox.pool.begin().await.unwrap();
+    wal.enqueue_many(&mut tx, &first).await.unwrap();
+    tx.commit().await.unwrap();
+    // Rolled back: never read.
+    let lost = event("b", 1);
+    let mut tx = outbox.pool.begin().await.unwrap();
+    wal.enqueue(&mut tx, &lost).await.unwrap();
+    tx.rollback().await.unwrap();
+    // Two transactions open at once: the one that commits first is read first,
+    // whatever the order of their writes.
+    let (early, late) = (event("c", 1), event("a", 3));
+    let mut written_first = outbox.pool.begin().await.unwrap();
+    wal.enqueue(&mut written_first, &late).await.unwrap();
+    let mut written_second = outbox.pool.begin().await.unwrap();
+    wal.enqueue(&mut written_second, &early).await.unwrap();
+    written_second.commit().await.unwrap();
+    written_first.commit().await.unwrap();
+
+    let (events, _) = next_transaction(&mut stream).await;
+    assert_eq!(ids(&events), ids_of(&first));
+    assert_eq!(events[1].payload.get(), r#"{"aggregate":"a","n":2}"#);
+    assert_eq!((events[0].seq, events[1].seq), (1, 2));
+    assert_eq!(events[0].aggregate_id, "a");
+    let (events, _) = next_transaction(&mut stream).await;
+    assert_eq!(
+        ids(&events),
+        [early.id],
+        "the rolled-back event came through"
+    );
+    let (events, _) = next_transaction(&mut stream).await;
+    assert_eq!(ids(&events), [late.id]);
+
+    stream.close().await.unwrap();
+    outbox.drop_schema().await.unwrap();
+}
+
+fn ids_of(events: &[NewEvent]) -> Vec<Uuid> {
+    events.iter().map(|e| e.id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acknowledged_transaction_is_not_read_again_the_rest_is() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let slot = TestSlot::create(&outbox).await;
+    let wal = WalOutbox::new(&outbox.tables);
+    let (one, two) = (event("a", 1), event("a", 2));
+    for e in [&one, &two] {
+        let mut conn = outbox.pool.acquire().await.unwrap();
+        wal.enqueue(&mut conn, e).await.unwrap();
+    }
+
+    let mut stream = slot.stream(&wal).await;
+    let (events, end_lsn) = next_transaction(&mut stream).await;
+    assert_eq!(ids(&events), [one.id]);
+    stream.ack(end_lsn);
+    // Read the second but do not acknowledge it (as if the broker had not
+    // confirmed it when the relay died).
+    let (events, _) = next_transaction(&mut stream).await;
+    assert_eq!(ids(&events), [two.id]);
+    // The server confirms what was acknowledged.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let confirmed: Option<i64> = sqlx::query_scalar(
+            "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
+             FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(slot.slot.as_str())
+        .fetch_one(&outbox.pool)
+        .await
+        .unwrap();
+        if confirmed.is_some_and(|lsn| lsn as u64 >= end_lsn) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot never confirmed {end_lsn}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stream.close().await.unwrap();
+
+    // A new reader (the relay restarted) starts after the acknowledged one.
+    let mut stream = slot.stream(&wal).await;
+    let (events, _) = next_transaction(&mut stream).await;
+    assert_eq!(
+        ids(&events),
+        [two.id],
+        "at least once: the unacknowledged one again"
+    );
+    stream.close().await.unwrap();
+    outbox.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_events_are_refused_and_nothing_is_written() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let slot = TestSlot::create(&outbox).await;
+    let wal = WalOutbox::new(&outbox.tables);
+    let mut stream = slot.stream(&wal).await;
+
+    let mut delayed = event("a", 1);
+    delayed.not_before = Some(chrono::Utc::now() + chrono::Duration::minutes(5));
+    let mut invalid = event("a", 2);
+    invalid.payload = "{not json".into();
+    let mut conn = outbox.pool.acquire().await.unwrap();
+    let err = wal
+        .enqueue_many(&mut conn, &[event("a", 0), delayed])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Wal(ref m) if m.contains("not_before")),
+        "{err}"
+    );
+    let err = wal.enqueue(&mut conn, &invalid).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidEvent(_)), "{err}");
+    // Nothing of the refused calls reached the WAL: the next transaction read is this one.
+    let marker = event("z", 1);
+    wal.enqueue(&mut conn, &marker).await.unwrap();
+    let (events, _) = next_transaction(&mut stream).await;
+    assert_eq!(ids(&events), [marker.id]);
+
+    stream.close().await.unwrap();
+    outbox.drop_schema().await.unwrap();
+}

@@ -14,7 +14,9 @@
 //! - [`slot`]: creating and dropping the slot and publication, with a clear error
 //!   when `wal_level` is not `logical`;
 //! - [`WalStream`]: the outbox's events from the slot, in commit order, each with
-//!   the LSN to acknowledge once it is published.
+//!   the LSN to acknowledge once it is published;
+//! - [`WalStore`]: the core `Store` over the stream, so the core `Relay` publishes
+//!   it; failed events park in the outbox table, which a `PgStore` relay drains.
 //!
 //! Needs `wal_level = logical` (a server restart; on managed services e.g. RDS's
 //! `rds.logical_replication = 1`), a role with `REPLICATION` and a direct
@@ -23,8 +25,10 @@
 mod message;
 mod producer;
 pub mod slot;
+mod store;
 mod stream;
 
 pub use message::{WalMessage, FORMAT_VERSION};
 pub use producer::WalOutbox;
+pub use store::{WalClaim, WalSource, WalStore};
 pub use stream::{WalEvent, WalStream, WalStreamError};

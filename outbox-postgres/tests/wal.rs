@@ -245,3 +245,129 @@ async fn bad_events_are_refused_and_nothing_is_written() {
     stream.close().await.unwrap();
     outbox.drop_schema().await.unwrap();
 }
+
+/// The core relay over a [`WalStore`]: a failing event parks in the outbox table
+/// with the events of its aggregate that follow it, while other aggregates flow;
+/// once the failure clears, a table relay drains the parked ones, and every
+/// aggregate's events arrive in commit order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_event_parks_in_the_table_with_its_followers_others_flow() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use pgoutbox_core::testing::RecordingPublisher;
+    use pgoutbox_core::{PublishError, Relay, RelayConfig, RetryPolicy, Store};
+    use pgoutbox_postgres::wal::{WalSource, WalStore};
+
+    let outbox = TestOutbox::new().await.unwrap();
+    let slot = TestSlot::create(&outbox).await;
+    let wal = WalOutbox::new(&outbox.tables);
+    let (a1, a2, a3, b1, b2) = (
+        event("a", 1),
+        event("a", 2),
+        event("a", 3),
+        event("b", 1),
+        event("b", 2),
+    );
+    let mut tx = outbox.pool.begin().await.unwrap();
+    wal.enqueue_many(
+        &mut tx,
+        &[a1.clone(), b1.clone(), a2.clone(), a3.clone(), b2.clone()],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let (a4, b3) = (event("a", 4), event("b", 3));
+    let mut conn = outbox.pool.acquire().await.unwrap();
+    wal.enqueue_many(&mut conn, &[a4.clone(), b3.clone()])
+        .await
+        .unwrap();
+    drop(conn);
+
+    let failing = Arc::new(AtomicBool::new(true));
+    let flag = Arc::clone(&failing);
+    let failing_id = a2.id;
+    let publisher = Arc::new(RecordingPublisher::failing_when(move |e| {
+        (e.id == failing_id && flag.load(Ordering::SeqCst))
+            .then(|| PublishError::retryable("broker refused it, for now"))
+    }));
+    let config = RelayConfig::default()
+        .batch_size(3)
+        .retry(RetryPolicy::default().base_delay(Duration::from_millis(50)));
+    let store = WalStore::new(
+        outbox.pool.clone(),
+        outbox.tables.clone(),
+        WalSource::new(
+            database_url(),
+            slot.slot.as_str(),
+            slot.publication.as_str(),
+        ),
+    );
+    let relay = Relay::new(store, Arc::clone(&publisher)).with_config(config.clone());
+
+    // The WAL relay publishes everything but aggregate a from a2 on.
+    let flowing = [a1.id, b1.id, b2.id, b3.id];
+    let deadline = Instant::now() + WAIT;
+    while !flowing
+        .iter()
+        .all(|id| publisher.published_ids().contains(id))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "published only {:?}",
+            publisher.published_ids()
+        );
+        relay
+            .store()
+            .wait_for_events(Duration::from_millis(100))
+            .await;
+        relay.run_once().await.unwrap();
+    }
+    let parked: Vec<(Uuid, i32)> = sqlx::query_as(&format!(
+        "SELECT id, attempts FROM {}.outbox_events WHERE processed_at IS NULL ORDER BY seq",
+        outbox.tables.schema().quoted()
+    ))
+    .fetch_all(&outbox.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        parked,
+        [(a2.id, 1), (a3.id, 0), (a4.id, 0)],
+        "parked in order behind the failure"
+    );
+    assert!(
+        !publisher.published_ids().contains(&a3.id),
+        "a follower overtook its failed event"
+    );
+    assert_eq!(
+        relay.store().pending().await.unwrap(),
+        0,
+        "everything resolved"
+    );
+
+    // The failure clears: a table relay drains the parked events in order.
+    failing.store(false, Ordering::SeqCst);
+    let table = Relay::new(outbox.store(), Arc::clone(&publisher)).with_config(config);
+    let deadline = Instant::now() + WAIT;
+    while !publisher.published_ids().contains(&a4.id) {
+        assert!(
+            Instant::now() < deadline,
+            "the parked events were not drained"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        table.run_once().await.unwrap();
+    }
+    let order = |aggregate: &str| -> Vec<Uuid> {
+        publisher
+            .published()
+            .iter()
+            .filter(|e| e.aggregate_id == aggregate)
+            .map(|e| e.id)
+            .collect()
+    };
+    assert_eq!(order("a"), [a1.id, a2.id, a3.id, a4.id]);
+    assert_eq!(order("b"), [b1.id, b2.id, b3.id]);
+
+    drop(relay);
+    outbox.drop_schema().await.unwrap();
+}

@@ -30,5 +30,5 @@ mod stream;
 
 pub use message::{WalMessage, FORMAT_VERSION};
 pub use producer::WalOutbox;
-pub use store::{WalClaim, WalSource, WalStore};
-pub use stream::{WalEvent, WalStream, WalStreamError};
+pub use store::{WalClaim, WalStore};
+pub use stream::{WalEvent, WalSource, WalStream, WalStreamError};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pgoutbox_core::NewEvent;
 use pgoutbox_postgres::testing::{block_on_detached, database_url, TestOutbox};
-use pgoutbox_postgres::wal::{slot, WalEvent, WalOutbox, WalStream};
+use pgoutbox_postgres::wal::{slot, WalEvent, WalOutbox, WalSource, WalStream};
 use pgoutbox_postgres::{Error, Ident};
 use uuid::Uuid;
 
@@ -40,20 +40,22 @@ impl TestSlot {
         this
     }
 
+    fn source(&self) -> WalSource {
+        let mut source = WalSource::new(
+            database_url(),
+            self.slot.as_str(),
+            self.publication.as_str(),
+        );
+        source.status_interval = Duration::from_millis(100);
+        source
+    }
+
     /// A reader of the slot. The server releases a slot shortly after its previous
     /// reader disconnected: until then it refuses a new one ("is active").
     async fn stream(&self, outbox: &WalOutbox) -> WalStream {
         let deadline = Instant::now() + WAIT;
         loop {
-            match WalStream::connect(
-                &database_url(),
-                self.slot.as_str(),
-                self.publication.as_str(),
-                outbox.prefix(),
-                Duration::from_millis(100),
-            )
-            .await
-            {
+            match WalStream::connect(&self.source(), outbox.prefix()).await {
                 Ok(stream) => return stream,
                 Err(e) if e.to_string().contains("is active") && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -257,7 +259,7 @@ async fn a_failed_event_parks_in_the_table_with_its_followers_others_flow() {
 
     use pgoutbox_core::testing::RecordingPublisher;
     use pgoutbox_core::{PublishError, Relay, RelayConfig, RetryPolicy, Store};
-    use pgoutbox_postgres::wal::{WalSource, WalStore};
+    use pgoutbox_postgres::wal::WalStore;
 
     let outbox = TestOutbox::new().await.unwrap();
     let slot = TestSlot::create(&outbox).await;
@@ -294,15 +296,7 @@ async fn a_failed_event_parks_in_the_table_with_its_followers_others_flow() {
     let config = RelayConfig::default()
         .batch_size(3)
         .retry(RetryPolicy::default().base_delay(Duration::from_millis(50)));
-    let store = WalStore::new(
-        outbox.pool.clone(),
-        outbox.tables.clone(),
-        WalSource::new(
-            database_url(),
-            slot.slot.as_str(),
-            slot.publication.as_str(),
-        ),
-    );
+    let store = WalStore::new(outbox.pool.clone(), outbox.tables.clone(), slot.source());
     let relay = Relay::new(store, Arc::clone(&publisher)).with_config(config.clone());
 
     // The WAL relay publishes everything but aggregate a from a2 on.

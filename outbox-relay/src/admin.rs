@@ -88,6 +88,17 @@ pub(crate) async fn migrate(settings: &Settings, args: &MigrateArgs) -> Result<(
         t.dead_letters(),
         t.inbox()
     );
+    if let Some(wal) = &settings.wal {
+        let created = pgoutbox_postgres::wal::slot::create(&pool, &wal.slot, &wal.publication)
+            .await
+            .map_err(failure::db("creating the WAL outbox's slot"))?;
+        println!(
+            "WAL outbox: replication slot {} {} (publication {})",
+            wal.slot,
+            if created { "created" } else { "exists" },
+            wal.publication
+        );
+    }
     pool.close().await;
     Ok(())
 }
@@ -131,8 +142,23 @@ pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Fail
         .await
         .map_err(failure::db("stats: in-flight probe"))?;
     let age = Duration::from_secs(stats.oldest_pending_age.as_secs());
+    // WAL mode: how much WAL the slot's reader has not acknowledged yet.
+    let slot_lag = match &settings.wal {
+        Some(wal) => pgoutbox_postgres::wal::slot::lag_bytes(&pool, &wal.slot)
+            .await
+            .map_err(failure::db("stats: slot lag"))?
+            .map(|bytes| (wal.slot.as_str().to_string(), bytes))
+            .ok_or_else(|| {
+                Failure::config(format!(
+                    "wal: the replication slot `{}` does not exist: run `outbox migrate` with [wal] enabled",
+                    wal.slot
+                ))
+            })
+            .map(Some)?,
+        None => None,
+    };
     if as_json {
-        let line = json!({
+        let mut line = json!({
             "pending": stats.pending,
             "scheduled": stats.scheduled,
             "in_flight": in_flight,
@@ -141,6 +167,10 @@ pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Fail
             "processed_last_hour": stats.processed_last_hour,
             "held_aggregates": stats.held_aggregates,
         });
+        if let Some((slot, bytes)) = &slot_lag {
+            line["wal_slot"] = json!(slot);
+            line["wal_slot_lag_bytes"] = json!(bytes);
+        }
         println!("{line}");
     } else {
         let kept = match settings.store.retention {
@@ -157,6 +187,9 @@ pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Fail
         println!("dead letters         {}", stats.dead_letters);
         println!("oldest pending age   {}", humantime::format_duration(age));
         println!("published last hour  {}{kept}", stats.processed_last_hour);
+        if let Some((slot, bytes)) = &slot_lag {
+            println!("WAL slot {slot} lag  {bytes} bytes not yet acknowledged");
+        }
     }
     pool.close().await;
     Ok(())

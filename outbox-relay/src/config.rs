@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use pgoutbox_core::envelope::{self, Envelope};
 use pgoutbox_core::{RelayConfig, RetryPolicy};
-use pgoutbox_postgres::{AfterDeadLetter, Retention, StoreConfig, Tables, Wakeup};
+use pgoutbox_postgres::{AfterDeadLetter, Ident, Retention, StoreConfig, Tables, Wakeup};
 use serde::{Deserialize, Deserializer};
 
 use crate::failure::Failure;
@@ -86,6 +86,26 @@ pub(crate) struct FileConfig {
     pub(crate) broker: BrokerSection,
     pub(crate) routing: RoutingSection,
     pub(crate) envelope: EnvelopeSection,
+    pub(crate) wal: WalSection,
+}
+
+/// `[wal]`: the table-less outbox, read from a logical replication slot.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct WalSection {
+    pub(crate) enabled: bool,
+    pub(crate) slot: Option<String>,
+    pub(crate) publication: Option<String>,
+    pub(crate) replication_url: Option<String>,
+}
+
+/// The WAL outbox's settings, when `[wal] enabled`.
+#[derive(Debug, Clone)]
+pub(crate) struct WalSettings {
+    pub(crate) slot: Ident,
+    pub(crate) publication: Ident,
+    /// A direct URL for the replication connection; `None`: the database URL.
+    pub(crate) replication_url: Option<String>,
 }
 
 /// `[envelope]`: how the built-in brokers encode events (outbox or CloudEvents).
@@ -406,6 +426,7 @@ pub(crate) struct Settings {
     pub(crate) broker: BrokerSection,
     pub(crate) routing: RoutingSection,
     pub(crate) envelope: Envelope,
+    pub(crate) wal: Option<WalSettings>,
 }
 
 impl Settings {
@@ -482,6 +503,9 @@ pub(crate) const ENV_VARS: &[(&str, &str)] = &[
     (envelope::VAR_ENVELOPE, "envelope.format"),
     (envelope::VAR_CLOUDEVENTS_SOURCE, "envelope.source"),
     (envelope::VAR_CLOUDEVENTS_SUBJECT, "envelope.subject"),
+    ("OUTBOX_WAL", "wal.enabled"),
+    ("OUTBOX_WAL_SLOT", "wal.slot"),
+    ("OUTBOX_WAL_REPLICATION_URL", "wal.replication_url"),
 ];
 
 /// Apply every `OUTBOX_*` override that is set and not empty.
@@ -547,6 +571,15 @@ pub(crate) fn apply_env(
             envelope::VAR_ENVELOPE => file.envelope.format = Some(value.trim().to_string()),
             envelope::VAR_CLOUDEVENTS_SOURCE => file.envelope.source = Some(value.clone()),
             envelope::VAR_CLOUDEVENTS_SUBJECT => file.envelope.subject = Some(value.clone()),
+            "OUTBOX_WAL" => {
+                file.wal.enabled = match value.trim() {
+                    "true" | "1" | "on" | "yes" => true,
+                    "false" | "0" | "off" | "no" => false,
+                    _ => return Err(bad("expected true or false".into())),
+                };
+            }
+            "OUTBOX_WAL_SLOT" => file.wal.slot = Some(value.trim().to_string()),
+            "OUTBOX_WAL_REPLICATION_URL" => file.wal.replication_url = Some(value.clone()),
             _ => {}
         }
     }
@@ -574,6 +607,7 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
         e.subject.as_deref(),
     )
     .map_err(|e| config(format!("envelope: {e}")))?;
+    let wal = wal_settings(&file.wal, &file.tables).map_err(|e| config(format!("wal: {e}")))?;
     let tables = Tables::in_schema(&file.tables.schema)
         .and_then(|t| t.with_events_table(&file.tables.events_table))
         .and_then(|t| t.with_inbox_table(&file.tables.inbox_table))
@@ -742,7 +776,30 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
         broker: file.broker,
         routing: file.routing,
         envelope,
+        wal,
     })
+}
+
+/// The WAL settings when enabled: slot and publication named after the outbox
+/// (`pgoutbox_<schema>_<table>`) unless given.
+fn wal_settings(
+    section: &WalSection,
+    tables: &TablesSection,
+) -> Result<Option<WalSettings>, pgoutbox_postgres::Error> {
+    if !section.enabled {
+        return Ok(None);
+    }
+    let default = format!("pgoutbox_{}_{}", tables.schema, tables.events_table);
+    let slot = Ident::new("wal.slot", section.slot.as_deref().unwrap_or(&default))?;
+    let publication = Ident::new(
+        "wal.publication",
+        section.publication.as_deref().unwrap_or(&default),
+    )?;
+    Ok(Some(WalSettings {
+        slot,
+        publication,
+        replication_url: section.replication_url.clone(),
+    }))
 }
 
 #[cfg(test)]

@@ -106,7 +106,7 @@ pub(crate) async fn ensure_migrated(pool: &PgPool, tables: &Tables) -> Result<()
 }
 
 /// The password in `path` (`database.password_file`).
-fn read_password(path: &std::path::Path) -> Result<String, Failure> {
+pub(crate) fn read_password(path: &std::path::Path) -> Result<String, Failure> {
     pgoutbox_core::read_secret_file(path)
         .map_err(|e| Failure::config(format!("database.password_file {e}")))
 }

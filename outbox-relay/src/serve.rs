@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgoutbox_core::{Relay, RetentionAdmin, StoreError};
+use pgoutbox_postgres::wal::{slot, WalSource, WalStore};
 use pgoutbox_postgres::{Cleanup, PgStore, Retention};
 use tokio::sync::watch;
 
-use crate::broker::{Prepare, Spec};
-use crate::config::Settings;
+use crate::broker::{BrokerPublisher, Prepare, Spec};
+use crate::config::{Settings, WalSettings};
 use crate::db::{self, Role};
 use crate::exporter;
 use crate::failure::Failure;
@@ -18,6 +19,7 @@ use crate::http;
 /// Run the relay until a signal, then stop claiming, finish the batches in flight and
 /// return, within `relay.shutdown_timeout`.
 pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure> {
+    let mut signals = Signals::watch();
     let database = settings.database()?;
     // Bind first: a taken port or a wrong address fails before anything else starts.
     let listener = match settings.listen {
@@ -36,6 +38,11 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
         .with_wakeup(settings.wakeup.clone());
     let relay =
         Relay::new(store.clone(), Arc::clone(&publisher)).with_config(settings.relay.clone());
+    // WAL mode: a second relay reads the slot; the first drains what it parks.
+    let wal_relay = match &settings.wal {
+        Some(wal) => Some(wal_relay(&pool, &settings, wal, Arc::clone(&publisher)).await?),
+        None => None,
+    };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -83,10 +90,17 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
         "outbox relay started"
     );
     // Boxed, not pinned on the stack, so that it can be dropped (claims released) below.
-    let mut relay_run = Box::pin(relay.run(stopped(stop_rx.clone())));
+    let mut relay_run = Box::pin(async {
+        let wal_run = async {
+            if let Some(wal_relay) = &wal_relay {
+                wal_relay.run(stopped(stop_rx.clone())).await;
+            }
+        };
+        tokio::join!(relay.run(stopped(stop_rx.clone())), wal_run);
+    });
     let signal = tokio::select! {
         () = &mut relay_run => "relay stopped",
-        signal = shutdown_signal() => signal,
+        signal = signals.next() => signal,
     };
     let limit = settings.shutdown_timeout;
     tracing::info!(
@@ -97,7 +111,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     let _ = stop_tx.send(true);
     let finished = tokio::select! {
         done = tokio::time::timeout(limit, &mut relay_run) => done.is_ok(),
-        signal = shutdown_signal() => {
+        signal = signals.next() => {
             tracing::warn!(%signal, "second signal: stopping at once");
             false
         }
@@ -106,6 +120,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     // the events are claimed again by the next relay (published at least once).
     drop(relay_run);
     drop(relay);
+    drop(wal_relay);
     let stats_tasks = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(5), stats_tasks)
         .await
@@ -130,32 +145,93 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     }
 }
 
+/// The relay of the WAL outbox: its slot must exist (`outbox migrate` creates it).
+async fn wal_relay(
+    pool: &sqlx::PgPool,
+    settings: &Settings,
+    wal: &WalSettings,
+    publisher: BrokerPublisher,
+) -> Result<Relay<WalStore, BrokerPublisher>, Failure> {
+    let database = settings.database()?;
+    slot::check_wal_level(pool)
+        .await
+        .map_err(|e| Failure::config(e.to_string()))?;
+    if !slot::exists(pool, &wal.slot)
+        .await
+        .map_err(|e| Failure::runtime(e.to_string()))?
+    {
+        return Err(Failure::config(format!(
+            "wal: the replication slot `{}` does not exist: run `outbox migrate` with [wal] enabled",
+            wal.slot
+        )));
+    }
+    let url = wal.replication_url.as_deref().unwrap_or(&database.url);
+    let mut source = WalSource::new(url, wal.slot.as_str(), wal.publication.as_str());
+    if let (None, Some(path)) = (&wal.replication_url, &database.password_file) {
+        source.password = Some(db::read_password(path)?);
+    }
+    tracing::info!(slot = %wal.slot, "WAL outbox: reading the slot; parked events drain from the table");
+    let store = WalStore::new(pool.clone(), settings.tables.clone(), source);
+    // One claim at a time: the stream's order is the publish order.
+    Ok(Relay::new(store, publisher).with_config(settings.relay.clone().workers(1)))
+}
+
 /// Resolves once `stop` turns true.
 async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// The name of the first SIGTERM or SIGINT received.
-async fn shutdown_signal() -> &'static str {
+/// SIGTERM and SIGINT, watched from the start of the command: a signal that
+/// arrives while the relay is still starting stops it cleanly too (instead of
+/// killing the process with the default action).
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-            },
-            Err(error) => {
-                tracing::warn!(%error, "cannot watch SIGTERM; stopping on SIGINT only");
-                let _ = tokio::signal::ctrl_c().await;
-                "SIGINT"
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn watch() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let watch = |kind: SignalKind, name: &str| {
+                signal(kind)
+                    .map_err(|error| tracing::warn!(%error, "cannot watch {name}"))
+                    .ok()
+            };
+            Self {
+                term: watch(SignalKind::terminate(), "SIGTERM"),
+                int: watch(SignalKind::interrupt(), "SIGINT"),
             }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        "Ctrl-C"
+
+    /// The name of the next SIGTERM or SIGINT received.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
+                match signal {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                () = recv(&mut self.term) => "SIGTERM",
+                () = recv(&mut self.int) => "SIGINT",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
     }
 }
 

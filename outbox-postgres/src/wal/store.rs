@@ -24,63 +24,10 @@ use pgoutbox_core::{Claim, Decision, Event, Store, StoreError};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, watch, Mutex, Notify, OwnedMutexGuard};
 
-use super::stream::{WalEvent, WalStream, WalStreamError};
+use super::stream::{WalEvent, WalSource, WalStream, WalStreamError};
 use super::WalMessage;
 use crate::sql::Sql;
 use crate::tables::Tables;
-
-/// Where a [`WalStore`] reads from.
-#[derive(Clone)]
-#[non_exhaustive]
-pub struct WalSource {
-    /// A `postgres://` URL of a role with `REPLICATION`, direct (no pooler).
-    pub database_url: String,
-    /// The slot ([`super::slot::create`]).
-    pub slot: String,
-    /// The publication ([`super::slot::create`]).
-    pub publication: String,
-    /// Transactions read ahead of the relay at most. Defaults to 64.
-    pub read_ahead: usize,
-    /// How often acknowledged positions reach the server. Defaults to 1 s.
-    pub status_interval: Duration,
-    /// Pause before reconnecting after the stream failed or while another reader
-    /// holds the slot. Defaults to 1 s.
-    pub reconnect_delay: Duration,
-}
-
-impl std::fmt::Debug for WalSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WalSource")
-            .field(
-                "database_url",
-                &pgoutbox_core::redact_url(&self.database_url),
-            )
-            .field("slot", &self.slot)
-            .field("publication", &self.publication)
-            .field("read_ahead", &self.read_ahead)
-            .field("status_interval", &self.status_interval)
-            .field("reconnect_delay", &self.reconnect_delay)
-            .finish()
-    }
-}
-
-impl WalSource {
-    /// Defaults, reading `slot` through `publication` over `database_url`.
-    pub fn new(
-        database_url: impl Into<String>,
-        slot: impl Into<String>,
-        publication: impl Into<String>,
-    ) -> Self {
-        Self {
-            database_url: database_url.into(),
-            slot: slot.into(),
-            publication: publication.into(),
-            read_ahead: 64,
-            status_interval: Duration::from_secs(1),
-            reconnect_delay: Duration::from_secs(1),
-        }
-    }
-}
 
 /// What the reader task hands the store.
 enum Incoming {
@@ -513,15 +460,7 @@ async fn read(
     arrived: Arc<Notify>,
 ) {
     loop {
-        match WalStream::connect(
-            &source.database_url,
-            &source.slot,
-            &source.publication,
-            prefix.clone(),
-            source.status_interval,
-        )
-        .await
-        {
+        match WalStream::connect(&source, prefix.clone()).await {
             Ok(mut stream) => {
                 tracing::info!(slot = %source.slot, "reading the WAL outbox's slot");
                 if sender.send(Incoming::Restarted).await.is_err() {

@@ -10,6 +10,65 @@ use pgwire_replication::{
 
 use super::message::WalMessage;
 
+/// Where a [`WalStream`] (and a [`super::WalStore`]) reads from.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct WalSource {
+    /// A `postgres://` URL of a role with `REPLICATION`, direct (no pooler); its
+    /// `sslmode` (`require`, `verify-ca`, `verify-full`) and `sslrootcert` are
+    /// honoured.
+    pub database_url: String,
+    /// A password replacing the URL's (e.g. read from a mounted secret).
+    pub password: Option<String>,
+    /// The slot ([`super::slot::create`]).
+    pub slot: String,
+    /// The publication ([`super::slot::create`]).
+    pub publication: String,
+    /// Transactions read ahead of the relay at most. Defaults to 64.
+    pub read_ahead: usize,
+    /// How often acknowledged positions reach the server. Defaults to 1 s.
+    pub status_interval: Duration,
+    /// Pause before reconnecting after the stream failed or while another reader
+    /// holds the slot. Defaults to 1 s.
+    pub reconnect_delay: Duration,
+}
+
+impl std::fmt::Debug for WalSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalSource")
+            .field(
+                "database_url",
+                &pgoutbox_core::redact_url(&self.database_url),
+            )
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("read_ahead", &self.read_ahead)
+            .field("status_interval", &self.status_interval)
+            .field("reconnect_delay", &self.reconnect_delay)
+            .finish()
+    }
+}
+
+impl WalSource {
+    /// Defaults, reading `slot` through `publication` over `database_url`.
+    pub fn new(
+        database_url: impl Into<String>,
+        slot: impl Into<String>,
+        publication: impl Into<String>,
+    ) -> Self {
+        Self {
+            database_url: database_url.into(),
+            password: None,
+            slot: slot.into(),
+            publication: publication.into(),
+            read_ahead: 64,
+            status_interval: Duration::from_secs(1),
+            reconnect_delay: Duration::from_secs(1),
+        }
+    }
+}
+
 /// What the stream yields.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -74,22 +133,22 @@ impl std::fmt::Debug for WalStream {
 }
 
 impl WalStream {
-    /// Start reading `slot` (created with [`super::slot::create`]) through
-    /// `publication`, keeping the messages with `prefix` ([`super::WalOutbox::prefix`]).
-    /// `database_url` is a `postgres://` URL of a role with `REPLICATION`, direct
-    /// (not through a pooler); its `sslmode` (`require`, `verify-ca`,
-    /// `verify-full`) and `sslrootcert` are honoured. The stream starts after the
-    /// slot's confirmed position: what was acknowledged is not read again.
+    /// Start reading `source`'s slot (created with [`super::slot::create`]),
+    /// keeping the messages with `prefix` ([`super::WalOutbox::prefix`]). The
+    /// stream starts after the slot's confirmed position: what was acknowledged is
+    /// not read again. While another reader holds the slot, the server refuses
+    /// (an error saying the slot "is active").
     pub async fn connect(
-        database_url: &str,
-        slot: &str,
-        publication: &str,
+        source: &WalSource,
         prefix: impl Into<String>,
-        status_interval: Duration,
     ) -> Result<Self, WalStreamError> {
-        let config = replication_config(database_url, slot, publication)?
-            .with_status_interval(status_interval)
-            .with_application_name("pgoutbox-wal-relay");
+        let mut config =
+            replication_config(&source.database_url, &source.slot, &source.publication)?
+                .with_status_interval(source.status_interval)
+                .with_application_name("pgoutbox-wal-relay");
+        if let Some(password) = &source.password {
+            config.password = password.clone();
+        }
         let mut client = ReplicationClient::connect(config).await?;
         client.wait_started().await?;
         Ok(Self {

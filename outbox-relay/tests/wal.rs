@@ -1,0 +1,164 @@
+//! The `outbox` binary in WAL mode (`[wal] enabled`) against the real PostgreSQL
+//! (`wal_level = logical`, set by scripts/test.sh) and NATS: `migrate` creates the
+//! slot, the relay publishes what committed transactions wrote with `WalOutbox`,
+//! in commit order per aggregate, never what rolled back, and `stats` shows the
+//! slot's lag.
+#![cfg(feature = "nats")]
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::{command, Config, RelayProcess};
+use pgoutbox_core::NewEvent;
+use pgoutbox_nats::{EventConsumer, NatsConfig};
+use pgoutbox_postgres::testing::{block_on_detached, database_url, TestOutbox};
+use pgoutbox_postgres::wal::{slot, WalOutbox};
+use pgoutbox_postgres::Ident;
+use uuid::Uuid;
+
+/// Drops the slot and publication at the end of the test, also when it fails (an
+/// abandoned slot keeps WAL on the server for ever).
+struct DropSlot(Ident);
+
+impl Drop for DropSlot {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        block_on_detached(|| async move {
+            let pool = sqlx::PgPool::connect(&database_url()).await.ok()?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            // The relay's walsender lets go of the slot shortly after it exits.
+            while slot::drop(&pool, &name, &name).await.is_err() {
+                if Instant::now() > deadline {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Some(())
+        });
+    }
+}
+
+fn run_ok(config: &std::path::Path, args: &[&str]) -> String {
+    let out = command(config, args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "outbox {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn event(aggregate: &str, n: u32) -> NewEvent {
+    NewEvent::new(
+        "order",
+        aggregate,
+        "order.created",
+        &serde_json::json!({ "n": n }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_binary_publishes_committed_wal_events_in_commit_order() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
+    let slot_name = Ident::new("slot", &format!("outbox_test_wal_{tag}")).unwrap();
+    let _cleanup = DropSlot(slot_name.clone());
+    let stream = format!("OUTBOX_WAL_TEST_{tag}");
+    let prefix = format!("waltest{tag}");
+    let base = Config::for_schema(outbox.tables.schema().as_str(), "0");
+    let text = std::fs::read_to_string(&base.path)
+        .unwrap()
+        .replace("kind = \"stdout\"", "kind = \"nats\"");
+    let config = Config::new(&format!(
+        "{text}\n[broker.nats]\nsubject_prefix = \"{prefix}\"\nensure_stream = \"{stream}\"\n\
+         [wal]\nenabled = true\nslot = \"{slot_name}\"\npublication = \"{slot_name}\"\n"
+    ));
+
+    // Without its slot, the relay says what to do.
+    let missing = command(&config.path, &["relay"]).output().unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr)
+            .contains("run `outbox migrate` with [wal] enabled"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+    let migrated = run_ok(&config.path, &["migrate"]);
+    assert!(
+        migrated.contains(&format!("replication slot {slot_name} created")),
+        "{migrated}"
+    );
+    assert!(run_ok(&config.path, &["migrate"]).contains("exists"));
+
+    // Written before the relay starts: read from the slot's start.
+    let wal = WalOutbox::new(&outbox.tables);
+    let first = [event("a", 1), event("b", 1), event("a", 2)];
+    let mut tx = outbox.pool.begin().await.unwrap();
+    wal.enqueue_many(&mut tx, &first).await.unwrap();
+    tx.commit().await.unwrap();
+    let lost = event("c", 1);
+    let mut tx = outbox.pool.begin().await.unwrap();
+    wal.enqueue(&mut tx, &lost).await.unwrap();
+    tx.rollback().await.unwrap();
+
+    let relay = RelayProcess::start(&config.path);
+    // Written while it runs: pushed by the stream, no polling.
+    let later = [event("b", 2), event("a", 3)];
+    let mut conn = outbox.pool.acquire().await.unwrap();
+    wal.enqueue_many(&mut conn, &later).await.unwrap();
+    drop(conn);
+
+    let publisher = NatsConfig::from_env().unwrap().connect().await.unwrap();
+    let consumer = EventConsumer::durable(publisher.jetstream(), &stream, "waltest", "")
+        .await
+        .unwrap();
+    let mut received: Vec<(String, Uuid)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received.len() < 5 {
+        assert!(Instant::now() < deadline, "received only {received:?}");
+        for message in consumer
+            .fetch(10, Duration::from_millis(500))
+            .await
+            .unwrap()
+        {
+            let message = message.unwrap();
+            message.ack().await.unwrap();
+            received.push((message.metadata.aggregate_id.clone(), message.id()));
+        }
+    }
+    let mut runs: HashMap<&str, Vec<Uuid>> = HashMap::new();
+    for e in first.iter().chain(&later) {
+        runs.entry(e.aggregate_id.as_str()).or_default().push(e.id);
+    }
+    for (aggregate, ids) in &runs {
+        let arrived: Vec<Uuid> = received
+            .iter()
+            .filter(|(a, _)| a == aggregate)
+            .map(|(_, id)| *id)
+            .collect();
+        assert_eq!(&arrived, ids, "aggregate {aggregate}");
+    }
+    assert!(
+        !received.iter().any(|(_, id)| *id == lost.id),
+        "a rolled-back event was published"
+    );
+
+    // `stats` reports how much WAL the slot's reader has not acknowledged.
+    let stats = run_ok(&config.path, &["stats", "--json"]);
+    let stats: serde_json::Value = serde_json::from_str(stats.trim()).unwrap();
+    assert_eq!(stats["wal_slot"], slot_name.as_str());
+    assert!(
+        stats["wal_slot_lag_bytes"]
+            .as_i64()
+            .is_some_and(|lag| lag >= 0),
+        "{stats}"
+    );
+    let (status, _) = relay.terminate(Duration::from_secs(25));
+    assert!(status.success());
+    publisher.jetstream().delete_stream(&stream).await.unwrap();
+    outbox.drop_schema().await.unwrap();
+}

@@ -365,3 +365,73 @@ async fn a_failed_event_parks_in_the_table_with_its_followers_others_flow() {
     drop(relay);
     outbox.drop_schema().await.unwrap();
 }
+
+/// An idle WAL relay acknowledges the server's position when it reports it (a
+/// heartbeat): the slot follows the server's WAL while other tables are written,
+/// instead of keeping all of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_relay_lets_the_slot_follow_the_server() {
+    use std::sync::Arc;
+
+    use pgoutbox_core::testing::RecordingPublisher;
+    use pgoutbox_core::Relay;
+    use pgoutbox_postgres::wal::WalStore;
+
+    let outbox = TestOutbox::new().await.unwrap();
+    let slot = TestSlot::create(&outbox).await;
+    let mut source = slot.source();
+    source.heartbeat = Duration::from_millis(500);
+    let store = WalStore::new(outbox.pool.clone(), outbox.tables.clone(), source);
+    let relay = Arc::new(Relay::new(store, RecordingPublisher::new()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn({
+        let relay = Arc::clone(&relay);
+        async move {
+            relay
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        }
+    });
+
+    // Other work writes WAL; the outbox writes nothing.
+    let noise = format!("{}.noise", outbox.tables.schema().quoted());
+    sqlx::query(&format!("CREATE TABLE {noise} (n int)"))
+        .execute(&outbox.pool)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {noise} SELECT generate_series(1, 10000)"
+    ))
+    .execute(&outbox.pool)
+    .await
+    .unwrap();
+    let written: i64 =
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+            .fetch_one(&outbox.pool)
+            .await
+            .unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let confirmed: Option<i64> = sqlx::query_scalar(
+            "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
+             FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(slot.slot.as_str())
+        .fetch_one(&outbox.pool)
+        .await
+        .unwrap();
+        if confirmed.is_some_and(|lsn| lsn >= written) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot stays at {confirmed:?}, the server is at {written}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = stop.send(());
+    running.await.unwrap();
+    outbox.drop_schema().await.unwrap();
+}

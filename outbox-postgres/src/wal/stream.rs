@@ -31,6 +31,12 @@ pub struct WalSource {
     /// Pause before reconnecting after the stream failed or while another reader
     /// holds the slot. Defaults to 1 s.
     pub reconnect_delay: Duration,
+    /// How often the server reports its WAL position while none of this outbox's
+    /// events arrive, which an idle relay acknowledges so that the slot does not
+    /// keep the server's WAL (the connection's `wal_sender_timeout` is twice
+    /// this: a reader silent for that long is disconnected). Defaults to 30 s, the
+    /// server's default behaviour.
+    pub heartbeat: Duration,
 }
 
 impl std::fmt::Debug for WalSource {
@@ -46,6 +52,7 @@ impl std::fmt::Debug for WalSource {
             .field("read_ahead", &self.read_ahead)
             .field("status_interval", &self.status_interval)
             .field("reconnect_delay", &self.reconnect_delay)
+            .field("heartbeat", &self.heartbeat)
             .finish()
     }
 }
@@ -65,6 +72,7 @@ impl WalSource {
             read_ahead: 64,
             status_interval: Duration::from_secs(1),
             reconnect_delay: Duration::from_secs(1),
+            heartbeat: Duration::from_secs(30),
         }
     }
 }
@@ -145,7 +153,12 @@ impl WalStream {
         let mut config =
             replication_config(&source.database_url, &source.slot, &source.publication)?
                 .with_status_interval(source.status_interval)
-                .with_application_name("pgoutbox-wal-relay");
+                .with_application_name("pgoutbox-wal-relay")
+                // The server pings a silent reader after half its wal_sender_timeout.
+                .with_options(format!(
+                    "-c wal_sender_timeout={}",
+                    (source.heartbeat * 2).as_millis().max(2)
+                ));
         if let Some(password) = &source.password {
             config.password = password.clone();
         }

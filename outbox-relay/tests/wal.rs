@@ -11,35 +11,13 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{command, Config, RelayProcess};
+use common::{command, Config, DropSlot, RelayProcess};
 use pgoutbox_core::NewEvent;
 use pgoutbox_nats::{EventConsumer, NatsConfig};
-use pgoutbox_postgres::testing::{block_on_detached, database_url, TestOutbox};
-use pgoutbox_postgres::wal::{slot, WalOutbox};
+use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::wal::WalOutbox;
 use pgoutbox_postgres::Ident;
 use uuid::Uuid;
-
-/// Drops the slot and publication at the end of the test, also when it fails (an
-/// abandoned slot keeps WAL on the server for ever).
-struct DropSlot(Ident);
-
-impl Drop for DropSlot {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        block_on_detached(|| async move {
-            let pool = sqlx::PgPool::connect(&database_url()).await.ok()?;
-            let deadline = Instant::now() + Duration::from_secs(30);
-            // The relay's walsender lets go of the slot shortly after it exits.
-            while slot::drop(&pool, &name, &name).await.is_err() {
-                if Instant::now() > deadline {
-                    return None;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Some(())
-        });
-    }
-}
 
 fn run_ok(config: &std::path::Path, args: &[&str]) -> String {
     let out = command(config, args).output().unwrap();

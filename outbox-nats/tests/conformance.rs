@@ -18,3 +18,10 @@ pgoutbox_core::conformance_tests!(
     @envelopes NatsTarget::with_envelope,
     |target: NatsTarget| async move { target.delete().await }
 );
+
+// WAL mode: events written to the WAL, read from a replication slot.
+pgoutbox_postgres::relay_conformance_tests!(
+    NatsTarget::new().await,
+    |target: NatsTarget| async move { target.delete().await },
+    wal
+);

@@ -31,7 +31,9 @@ const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 /// [`relay_refused_event_is_a_dead_letter_alone`] and, for a target that is an
 /// [`OutageTarget`], [`relay_outage_loses_nothing`];
 /// `relay_conformance_tests!(make, cleanup, no_outage)` leaves the outage out, for a
-/// broker a test cannot take away (say why where you use it). Needs PostgreSQL at
+/// broker a test cannot take away (say why where you use it);
+/// `relay_conformance_tests!(make, cleanup, wal)` runs the end-to-end and refused
+/// checks in WAL mode (feature `wal`, `wal_level = logical`). Needs PostgreSQL at
 /// `DATABASE_URL`.
 #[macro_export]
 macro_rules! relay_conformance_tests {
@@ -47,6 +49,11 @@ macro_rules! relay_conformance_tests {
         $crate::__core::conformance_tests!(@checks_of $crate; $make, $cleanup;
             relay_end_to_end, relay_refused_event_is_a_dead_letter_alone);
     };
+    // The same checks in WAL mode (feature `wal`; `wal_level = logical`).
+    ($make:expr, $cleanup:expr, wal) => {
+        $crate::__core::conformance_tests!(@checks_of $crate; $make, $cleanup;
+            wal_relay_end_to_end, wal_relay_refused_event_is_a_dead_letter_alone);
+    };
 }
 
 /// Events committed in PostgreSQL transactions reach the broker through the relay:
@@ -58,7 +65,71 @@ pub async fn relay_end_to_end<T: ConformanceTarget>(target: &T) {
     let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
     let publisher = target.publisher().await.expect("publisher");
     let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
+    end_to_end(target, &db, &Writer::Table, &relay).await;
+}
 
+/// [`relay_end_to_end`] in WAL mode: events written with `WalOutbox`, read from a
+/// slot of the check's own through `WalStore` (needs `wal_level = logical`).
+#[cfg(feature = "wal")]
+pub async fn wal_relay_end_to_end<T: ConformanceTarget>(target: &T) {
+    let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let slot = crate::testing::TestSlot::create(&db).await;
+    let relay = wal_relay(target, &db, &slot).await;
+    end_to_end(target, &db, &Writer::wal(&db), &relay).await;
+}
+
+/// How a check writes its events: into the outbox table, or to the WAL.
+enum Writer {
+    Table,
+    #[cfg(feature = "wal")]
+    Wal(crate::wal::WalOutbox),
+}
+
+impl Writer {
+    #[cfg(feature = "wal")]
+    fn wal(db: &TestOutbox) -> Self {
+        Writer::Wal(crate::wal::WalOutbox::new(&db.tables))
+    }
+
+    fn is_table(&self) -> bool {
+        matches!(self, Writer::Table)
+    }
+
+    /// Write `events` in one transaction, committed or rolled back.
+    async fn write(&self, db: &TestOutbox, events: &[NewEvent], commit: bool) {
+        let mut tx = db.pool.begin().await.expect("begin");
+        match self {
+            Writer::Table => db.outbox.enqueue_many(&mut tx, events).await,
+            #[cfg(feature = "wal")]
+            Writer::Wal(wal) => wal.enqueue_many(&mut tx, events).await,
+        }
+        .expect("enqueue");
+        if commit {
+            tx.commit().await.expect("commit");
+        } else {
+            tx.rollback().await.expect("rollback");
+        }
+    }
+}
+
+/// The relay of a WAL mode check: `WalStore` over `slot`, with the target's publisher.
+#[cfg(feature = "wal")]
+async fn wal_relay<T: ConformanceTarget>(
+    target: &T,
+    db: &TestOutbox,
+    slot: &crate::testing::TestSlot,
+) -> Relay<crate::wal::WalStore, T::Publisher> {
+    let publisher = target.publisher().await.expect("publisher");
+    let store = crate::wal::WalStore::new(db.pool.clone(), db.tables.clone(), slot.source());
+    Relay::new(store, publisher).with_config(broker_relay_config())
+}
+
+async fn end_to_end<T: ConformanceTarget, S: Store>(
+    target: &T,
+    db: &TestOutbox,
+    writer: &Writer,
+    relay: &Relay<S, T::Publisher>,
+) {
     let mut runs: Vec<Vec<Uuid>> = vec![Vec::new(); 4];
     for tx in 0..3 {
         let events: Vec<NewEvent> = (0..8)
@@ -73,20 +144,18 @@ pub async fn relay_end_to_end<T: ConformanceTarget>(target: &T) {
                 .with_traceparent(TRACE)
             })
             .collect();
-        db.enqueue_committed(&events).await.expect("enqueue");
+        writer.write(db, &events, true).await;
         for (i, event) in events.iter().enumerate() {
             runs[i % 4].push(event.id);
         }
     }
-    let mut tx = db.pool.begin().await.expect("begin");
     let ghost = NewEvent::new(
         "conformance_order",
         "o-0",
         "conformance.order.changed",
         &serde_json::json!({ "rolled back": true }),
     );
-    db.outbox.enqueue(&mut tx, &ghost).await.expect("enqueue");
-    tx.rollback().await.expect("rollback");
+    writer.write(db, std::slice::from_ref(&ghost), false).await;
 
     let wanted: HashSet<Uuid> = runs.iter().flatten().copied().collect();
     let read = async {
@@ -110,7 +179,7 @@ pub async fn relay_end_to_end<T: ConformanceTarget>(target: &T) {
         }
         arrivals
     };
-    let arrivals = run_relay_while(&relay, read, DEADLINE)
+    let arrivals = run_relay_while(relay, read, DEADLINE)
         .await
         .expect("relay_end_to_end: the relay did not stop in time");
     assert!(
@@ -119,8 +188,13 @@ pub async fn relay_end_to_end<T: ConformanceTarget>(target: &T) {
     );
     check_first_arrivals(&arrivals, &runs)
         .unwrap_or_else(|e| panic!("relay_end_to_end: per-aggregate order: {e}"));
-    let pending = db.store().pending().await.expect("pending");
+    let pending = relay.store().pending().await.expect("pending");
     assert_eq!(pending, 0, "relay_end_to_end: events left in the outbox");
+    let parked = db.store().pending().await.expect("pending");
+    assert_eq!(
+        parked, 0,
+        "relay_end_to_end: events left in the outbox table"
+    );
     db.drop_schema().await.expect("drop schema");
 }
 
@@ -133,7 +207,25 @@ pub async fn relay_refused_event_is_a_dead_letter_alone<T: ConformanceTarget>(ta
     let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
     let publisher = target.publisher().await.expect("publisher");
     let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
+    refused_event_is_a_dead_letter_alone(target, &db, &Writer::Table, &relay).await;
+}
 
+/// [`relay_refused_event_is_a_dead_letter_alone`] in WAL mode: the refused event is
+/// parked in the outbox table as a dead letter, its follower behind it.
+#[cfg(feature = "wal")]
+pub async fn wal_relay_refused_event_is_a_dead_letter_alone<T: ConformanceTarget>(target: &T) {
+    let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let slot = crate::testing::TestSlot::create(&db).await;
+    let relay = wal_relay(target, &db, &slot).await;
+    refused_event_is_a_dead_letter_alone(target, &db, &Writer::wal(&db), &relay).await;
+}
+
+async fn refused_event_is_a_dead_letter_alone<T: ConformanceTarget, S: Store>(
+    target: &T,
+    db: &TestOutbox,
+    writer: &Writer,
+    relay: &Relay<S, T::Publisher>,
+) {
     let new = |aggregate: &str, n: i64| {
         NewEvent::new(
             "conformance_order",
@@ -165,7 +257,7 @@ pub async fn relay_refused_event_is_a_dead_letter_alone<T: ConformanceTarget>(ta
     };
     let follower = new("poison", 1);
     let events = vec![new("a", 0), refused.clone(), follower.clone(), new("b", 0)];
-    db.enqueue_committed(&events).await.expect("enqueue");
+    writer.write(db, &events, true).await;
     let good: HashSet<Uuid> = [events[0].id, events[3].id].into_iter().collect();
     let dead = crate::DeadLetters::new(db.pool.clone(), &db.outbox);
 
@@ -202,7 +294,7 @@ pub async fn relay_refused_event_is_a_dead_letter_alone<T: ConformanceTarget>(ta
         );
         ids
     };
-    let received = run_relay_while(&relay, work, DEADLINE)
+    let received = run_relay_while(relay, work, DEADLINE)
         .await
         .expect("relay_refused_event_is_a_dead_letter_alone: the relay did not stop in time");
     assert!(
@@ -238,6 +330,11 @@ pub async fn relay_refused_event_is_a_dead_letter_alone<T: ConformanceTarget>(ta
         db.store().pending().await.expect("pending"),
         1,
         "relay_refused_event_is_a_dead_letter_alone: only the follower should be pending"
+    );
+    assert_eq!(
+        relay.store().pending().await.expect("pending"),
+        if writer.is_table() { 1 } else { 0 },
+        "relay_refused_event_is_a_dead_letter_alone: events left unresolved"
     );
     db.drop_schema().await.expect("drop schema");
 }

@@ -145,3 +145,90 @@ where
     .ok()
     .flatten()
 }
+
+#[cfg(feature = "wal")]
+pub use slot_guard::TestSlot;
+
+#[cfg(feature = "wal")]
+mod slot_guard {
+    use std::time::{Duration, Instant};
+
+    use uuid::Uuid;
+
+    use super::{block_on_detached, database_url, TestOutbox};
+    use crate::ident::Ident;
+    use crate::wal::{slot, WalOutbox, WalSource, WalStream};
+
+    /// A slot and publication of its own, dropped at the end of the test (also when
+    /// it fails: an abandoned slot would keep WAL on the server for ever).
+    #[derive(Debug)]
+    pub struct TestSlot {
+        /// The slot, `outbox_test_wal_<random>`.
+        pub slot: Ident,
+        /// Its publication, named like it.
+        pub publication: Ident,
+    }
+
+    impl TestSlot {
+        /// Create the slot and publication (panics when the server cannot: `wal_level`
+        /// must be `logical`).
+        pub async fn create(outbox: &TestOutbox) -> Self {
+            let id = &Uuid::new_v4().simple().to_string()[..12];
+            let this = Self {
+                slot: Ident::new("slot", &format!("outbox_test_wal_{id}")).expect("a valid name"),
+                publication: Ident::new("publication", &format!("outbox_test_wal_{id}"))
+                    .expect("a valid name"),
+            };
+            let created = slot::create(&outbox.pool, &this.slot, &this.publication)
+                .await
+                .unwrap_or_else(|e| panic!("cannot create the test slot: {e}"));
+            assert!(created, "the slot existed already");
+            this
+        }
+
+        /// Where to read it, acknowledging every 100 ms.
+        pub fn source(&self) -> WalSource {
+            let mut source = WalSource::new(
+                database_url(),
+                self.slot.as_str(),
+                self.publication.as_str(),
+            );
+            source.status_interval = Duration::from_millis(100);
+            source
+        }
+
+        /// A reader of the slot. The server releases a slot shortly after its previous
+        /// reader disconnected: until then it refuses a new one ("is active").
+        pub async fn stream(&self, outbox: &WalOutbox) -> WalStream {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match WalStream::connect(&self.source(), outbox.prefix()).await {
+                    Ok(stream) => return stream,
+                    Err(e) if e.to_string().contains("is active") && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("cannot read slot {}: {e}", self.slot),
+                }
+            }
+        }
+    }
+
+    impl Drop for TestSlot {
+        fn drop(&mut self) {
+            let (slot, publication) = (self.slot.clone(), self.publication.clone());
+            // The server releases the slot shortly after its reader disconnected:
+            // retry while it is still active.
+            block_on_detached(|| async move {
+                let pool = sqlx::PgPool::connect(&database_url()).await.ok()?;
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while slot::drop(&pool, &slot, &publication).await.is_err() {
+                    if Instant::now() > deadline {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Some(())
+            });
+        }
+    }
+}

@@ -8,82 +8,13 @@
 use std::time::{Duration, Instant};
 
 use pgoutbox_core::NewEvent;
-use pgoutbox_postgres::testing::{block_on_detached, database_url, TestOutbox};
-use pgoutbox_postgres::wal::{slot, WalEvent, WalOutbox, WalSource, WalStream};
-use pgoutbox_postgres::{Error, Ident};
+use pgoutbox_postgres::testing::{TestOutbox, TestSlot};
+use pgoutbox_postgres::wal::{WalEvent, WalOutbox, WalStream};
+use pgoutbox_postgres::Error;
 use uuid::Uuid;
 
 /// Longest wait for what a test expects from the stream.
 const WAIT: Duration = Duration::from_secs(30);
-
-/// A slot and publication of its own, dropped at the end of the test (also when
-/// it fails: an abandoned slot would keep WAL on the server for ever).
-struct TestSlot {
-    slot: Ident,
-    publication: Ident,
-}
-
-impl TestSlot {
-    async fn create(outbox: &TestOutbox) -> Self {
-        let id = &Uuid::new_v4().simple().to_string()[..12];
-        let this = Self {
-            slot: Ident::new("slot", &format!("outbox_test_wal_{id}")).unwrap(),
-            publication: Ident::new("publication", &format!("outbox_test_wal_{id}")).unwrap(),
-        };
-        assert!(slot::create(&outbox.pool, &this.slot, &this.publication)
-            .await
-            .unwrap());
-        // Idempotent: a second call finds both.
-        assert!(!slot::create(&outbox.pool, &this.slot, &this.publication)
-            .await
-            .unwrap());
-        this
-    }
-
-    fn source(&self) -> WalSource {
-        let mut source = WalSource::new(
-            database_url(),
-            self.slot.as_str(),
-            self.publication.as_str(),
-        );
-        source.status_interval = Duration::from_millis(100);
-        source
-    }
-
-    /// A reader of the slot. The server releases a slot shortly after its previous
-    /// reader disconnected: until then it refuses a new one ("is active").
-    async fn stream(&self, outbox: &WalOutbox) -> WalStream {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match WalStream::connect(&self.source(), outbox.prefix()).await {
-                Ok(stream) => return stream,
-                Err(e) if e.to_string().contains("is active") && Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("cannot read slot {}: {e}", self.slot),
-            }
-        }
-    }
-}
-
-impl Drop for TestSlot {
-    fn drop(&mut self) {
-        let (slot, publication) = (self.slot.clone(), self.publication.clone());
-        // The server releases the slot shortly after its reader disconnected:
-        // retry while it is still active.
-        block_on_detached(|| async move {
-            let pool = sqlx::PgPool::connect(&database_url()).await.ok()?;
-            let deadline = Instant::now() + WAIT;
-            while slot::drop(&pool, &slot, &publication).await.is_err() {
-                if Instant::now() > deadline {
-                    return None;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Some(())
-        });
-    }
-}
 
 fn event(aggregate: &str, n: u32) -> NewEvent {
     NewEvent::new(

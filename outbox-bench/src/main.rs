@@ -12,6 +12,7 @@ mod machine;
 mod produce;
 mod resources;
 mod shapes;
+mod wal;
 
 use clap::{Parser, Subcommand};
 
@@ -92,6 +93,8 @@ enum Scenario {
     /// Live traffic through `outbox relay` processes into NATS JetStream, from an
     /// emptied and analysed table (needs the `nats` feature).
     Live(live::LiveArgs),
+    /// WAL mode against table mode: producer throughput, latency, drain.
+    Wal(wal::WalArgs),
     /// Internal: the relay process measured by `rss`.
     #[command(hide = true)]
     RssChild(resources::RssChildArgs),
@@ -137,6 +140,7 @@ async fn run(cli: Cli) -> Result<()> {
         Scenario::Rss(args) => resources::rss(url, &args).await?,
         Scenario::Idle(args) => resources::idle(url, &args).await?,
         Scenario::Shapes(args) => shapes::shapes(url, &args).await?,
+        Scenario::Wal(args) => wal::wal(url, &args).await?,
         Scenario::Backlog(args) => shapes::backlog_size(url, &args).await?,
         Scenario::Scaling(args) => shapes::scaling(url, &args).await?,
         Scenario::Live(args) => live::live(url, &args).await?,

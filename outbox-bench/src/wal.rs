@@ -1,0 +1,417 @@
+//! WAL mode against table mode, in one run: producer throughput with the relay
+//! running, commit-to-publish latency at a fixed rate, and the drain of a backlog
+//! written while the relay was stopped. The publisher is a null one that notes
+//! when each event reached it (no broker round trip in these figures).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use pgoutbox_core::{Event, Outcome, Publisher, Relay, RelayConfig, Store};
+use pgoutbox_postgres::wal::{slot, WalOutbox, WalSource, WalStore};
+use pgoutbox_postgres::Ident;
+use serde_json::json;
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+use crate::db::{event, Bench, SCHEMA};
+use crate::produce::{write_for, Work};
+use crate::{progress, verdict, Mode, Report, Result};
+
+#[derive(Args, Debug)]
+pub(crate) struct WalArgs {
+    /// Concurrent producer connections for the throughput phase.
+    #[arg(long, default_value_t = 16)]
+    writers: usize,
+    /// Measured seconds of the throughput phases (after one second of warm-up).
+    #[arg(long, default_value_t = 10)]
+    duration_secs: u64,
+    /// Offered rate of the latency phase, events per second.
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// Seconds of the latency phase per mode.
+    #[arg(long, default_value_t = 20)]
+    latency_secs: u64,
+    /// Backlog drained per mode.
+    #[arg(long, default_value_t = 200_000)]
+    backlog: u64,
+}
+
+/// The slot of the benchmark's WAL outbox.
+const SLOT: &str = "outbox_bench_wal";
+
+/// Notes when each event reached `publish`.
+#[derive(Clone, Default)]
+struct Stamping {
+    seen: Arc<Mutex<Vec<(Uuid, Instant)>>>,
+    count: Arc<AtomicU64>,
+}
+
+impl Publisher for Stamping {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        let now = Instant::now();
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.extend(events.iter().map(|e| (e.id, now)));
+        }
+        self.count.fetch_add(events.len() as u64, Ordering::Relaxed);
+        vec![Outcome::Published; events.len()]
+    }
+}
+
+/// The two relays under test, each with its own stamping publisher.
+enum Under {
+    Table,
+    Wal,
+}
+
+impl Under {
+    fn name(&self) -> &'static str {
+        match self {
+            Under::Table => "table",
+            Under::Wal => "wal",
+        }
+    }
+}
+
+/// Drop the benchmark's slot, if any: the previous phase's reader lets go of it
+/// shortly after it stopped.
+async fn drop_slot(bench: &Bench) -> Result<Ident> {
+    let name = Ident::new("slot", SLOT)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(error) = slot::drop(&bench.pool, &name, &name).await {
+        if Instant::now() > deadline {
+            return Err(error.into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(name)
+}
+
+/// A fresh slot for the benchmark's outbox (a leftover of an earlier run dropped).
+async fn fresh_slot(bench: &Bench) -> Result<(Ident, WalSource)> {
+    let name = drop_slot(bench).await?;
+    slot::create(&bench.pool, &name, &name).await?;
+    let mut source = WalSource::new(&bench.url, SLOT, SLOT);
+    source.status_interval = Duration::from_millis(200);
+    Ok((name, source))
+}
+
+/// Run `relay` while `work` runs, then stop it.
+async fn run_while<S: Store, P: Publisher, T>(
+    relay: &Relay<S, P>,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (out, ()) = tokio::join!(
+        async {
+            let out = work.await;
+            let _ = stop_tx.send(());
+            out
+        },
+        relay.run(async {
+            let _ = stop_rx.await;
+        })
+    );
+    out
+}
+
+/// Transactions per second of `writers` connections, each a business row and an
+/// event written to the WAL.
+async fn write_wal_for(bench: &Bench, writers: usize, duration: Duration) -> Result<f64> {
+    let counted = Arc::new(AtomicU64::new(0));
+    let warmup = Duration::from_secs(1);
+    let started = Instant::now();
+    let (from, to) = (started + warmup, started + warmup + duration);
+    let wal = WalOutbox::new(&bench.tables);
+    let tasks = (0..writers.max(1)).map(|w| {
+        let counted = Arc::clone(&counted);
+        let wal = wal.clone();
+        async move {
+            let mut conn = PgConnection::connect(&bench.url).await?;
+            let insert = format!("INSERT INTO {SCHEMA}.orders (customer, total) VALUES ($1, $2)");
+            let mut i = w as u64 * 1_000_000_000;
+            while Instant::now() < to {
+                i += 1;
+                let mut tx = conn.begin().await?;
+                sqlx::query(&insert)
+                    .bind(format!("c{}", i % 977))
+                    .bind(i64::try_from(i % 100_000)?)
+                    .execute(&mut *tx)
+                    .await?;
+                wal.enqueue(&mut tx, &event(i, 10_000)).await?;
+                tx.commit().await?;
+                let done = Instant::now();
+                if done >= from && done < to {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        }
+    });
+    for result in futures_util::future::join_all(tasks).await {
+        result?;
+    }
+    Ok(counted.load(Ordering::Relaxed) as f64 / duration.as_secs_f64())
+}
+
+/// One event per transaction at `rate` for `total` events; commit times.
+async fn offer(
+    bench: &Bench,
+    under: &Under,
+    rate: u64,
+    total: u64,
+) -> Result<Vec<(Uuid, Instant)>> {
+    let committed: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let wal = WalOutbox::new(&bench.tables);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        ticks.tick().await;
+        let (pool, outbox, wal) = (bench.pool.clone(), bench.outbox.clone(), wal.clone());
+        let committed = Arc::clone(&committed);
+        let table = matches!(under, Under::Table);
+        tasks.spawn(async move {
+            let mut tx = pool.begin().await?;
+            let e = event(i, 10_000);
+            if table {
+                outbox.enqueue(&mut tx, &e).await?;
+            } else {
+                wal.enqueue(&mut tx, &e).await?;
+            }
+            tx.commit().await?;
+            let now = Instant::now();
+            if let Ok(mut c) = committed.lock() {
+                c.push((e.id, now));
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        });
+        while let Some(done) = tasks.try_join_next() {
+            done??;
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(committed.lock().map(|c| c.clone()).unwrap_or_default())
+}
+
+/// p50, p99, max of commit-to-publish milliseconds.
+fn percentiles(committed: &[(Uuid, Instant)], published: &Stamping) -> Result<(f64, f64, f64)> {
+    let seen: HashMap<Uuid, Instant> = published
+        .seen
+        .lock()
+        .map(|s| s.iter().copied().collect())
+        .unwrap_or_default();
+    let mut millis: Vec<f64> = committed
+        .iter()
+        .filter_map(|(id, at)| seen.get(id).map(|p| p.saturating_duration_since(*at)))
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .collect();
+    if millis.len() != committed.len() {
+        return Err(format!(
+            "{} of {} committed events were not published",
+            committed.len() - millis.len(),
+            committed.len()
+        )
+        .into());
+    }
+    millis.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let i = ((millis.len() as f64 * q).ceil() as usize).clamp(1, millis.len().max(1)) - 1;
+        millis.get(i).copied().unwrap_or(0.0)
+    };
+    Ok((at(0.5), at(0.99), millis.last().copied().unwrap_or(0.0)))
+}
+
+/// Wait until `publisher` saw `n` events (at most `limit`).
+async fn published(publisher: &Stamping, n: u64, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    while publisher.count.load(Ordering::Relaxed) < n {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "only {} of {n} events published within {limit:?}",
+                publisher.count.load(Ordering::Relaxed)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
+    let bench = Bench::fresh(url).await?;
+    slot::check_wal_level(&bench.pool).await?;
+    let duration = Duration::from_secs(args.duration_secs.max(1));
+
+    // Producer throughput, relay running.
+    bench.reset().await?;
+    progress("business row only");
+    let baseline = write_for(&bench, args.writers, duration, Work::BusinessOnly).await?;
+    bench.reset().await?;
+    progress("table mode, no relay");
+    let table_alone = write_for(&bench, args.writers, duration, Work::WithEvent).await?;
+    bench.reset().await?;
+    progress("WAL mode, no relay");
+    let wal_alone = write_wal_for(&bench, args.writers, duration).await?;
+    bench.reset().await?;
+    progress("table mode, relay running");
+    let store = bench.store(3).await?.with_wakeup(Mode::Adaptive.wakeup());
+    let relay = Relay::new(store, Stamping::default()).with_config(RelayConfig::default());
+    let table_rate = run_while(
+        &relay,
+        write_for(&bench, args.writers, duration, Work::WithEvent),
+    )
+    .await?;
+    drop(relay);
+    bench.reset().await?;
+    progress("WAL mode, relay running");
+    let (_, source) = fresh_slot(&bench).await?;
+    let relay = Relay::new(
+        WalStore::new(bench.pool.clone(), bench.tables.clone(), source.clone()),
+        Stamping::default(),
+    )
+    .with_config(RelayConfig::default().workers(1));
+    let wal_rate = run_while(&relay, write_wal_for(&bench, args.writers, duration)).await?;
+    drop(relay);
+    progress(format!(
+        "baseline {baseline:.0} tx/s, table {table_rate:.0} ({:.2}), wal {wal_rate:.0} ({:.2})",
+        table_rate / baseline,
+        wal_rate / baseline
+    ));
+
+    // Latency at a fixed rate.
+    let total = args.rate * args.latency_secs.max(1);
+    let mut latency = Vec::new();
+    for under in [Under::Table, Under::Wal] {
+        bench.reset().await?;
+        progress(format!("{} mode at {} events/s", under.name(), args.rate));
+        let publisher = Stamping::default();
+        let committed = match under {
+            Under::Table => {
+                let store = bench.store(3).await?.with_wakeup(Mode::Adaptive.wakeup());
+                let relay =
+                    Relay::new(store, publisher.clone()).with_config(RelayConfig::default());
+                run_while(&relay, async {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let c = offer(&bench, &under, args.rate, total).await?;
+                    published(&publisher, total, Duration::from_secs(30)).await?;
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(c)
+                })
+                .await?
+            }
+            Under::Wal => {
+                let (_, source) = fresh_slot(&bench).await?;
+                let store = WalStore::new(bench.pool.clone(), bench.tables.clone(), source);
+                let relay = Relay::new(store, publisher.clone())
+                    .with_config(RelayConfig::default().workers(1));
+                run_while(&relay, async {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let c = offer(&bench, &under, args.rate, total).await?;
+                    published(&publisher, total, Duration::from_secs(30)).await?;
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(c)
+                })
+                .await?
+            }
+        };
+        let (p50, p99, max) = percentiles(&committed, &publisher)?;
+        progress(format!(
+            "{}: p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.1} ms",
+            under.name()
+        ));
+        latency.push((under.name(), p50, p99, max));
+    }
+
+    // Drain of a backlog written while no relay ran.
+    let mut drains = Vec::new();
+    for under in [Under::Table, Under::Wal] {
+        bench.reset().await?;
+        let publisher = Stamping::default();
+        let seconds = match under {
+            Under::Table => {
+                progress(format!("table mode: {} events backlog", args.backlog));
+                bench.fill(args.backlog, 10_000).await?;
+                bench.settle().await?;
+                let store = bench.store(3).await?;
+                let relay = Relay::new(store, publisher.clone())
+                    .with_config(RelayConfig::default().batch_size(1000).workers(2));
+                let started = Instant::now();
+                run_while(
+                    &relay,
+                    published(&publisher, args.backlog, Duration::from_secs(600)),
+                )
+                .await?;
+                started.elapsed()
+            }
+            Under::Wal => {
+                progress(format!("WAL mode: {} events backlog", args.backlog));
+                let (_, source) = fresh_slot(&bench).await?;
+                let wal = WalOutbox::new(&bench.tables);
+                let mut conn = bench.pool.acquire().await?;
+                for chunk in (0..args.backlog).collect::<Vec<_>>().chunks(5000) {
+                    let events: Vec<_> = chunk.iter().map(|&i| event(i, 10_000)).collect();
+                    wal.enqueue_many(&mut conn, &events).await?;
+                }
+                drop(conn);
+                bench.checkpoint().await?;
+                let store = WalStore::new(bench.pool.clone(), bench.tables.clone(), source);
+                let relay = Relay::new(store, publisher.clone())
+                    .with_config(RelayConfig::default().batch_size(1000).workers(1));
+                let started = Instant::now();
+                run_while(
+                    &relay,
+                    published(&publisher, args.backlog, Duration::from_secs(600)),
+                )
+                .await?;
+                started.elapsed()
+            }
+        };
+        let rate = args.backlog as f64 / seconds.as_secs_f64();
+        progress(format!("{}: {rate:.0} events/s", under.name()));
+        drains.push((under.name(), rate));
+    }
+    drop_slot(&bench).await?;
+
+    let (table_p99, wal_p99) = (latency[0].2, latency[1].2);
+    let drain_ratio = drains[1].1 / drains[0].1;
+    Ok(Report {
+        line: format!(
+            "wal: producers ({} writers): business only {baseline:.0} tx/s; without a relay: \
+             table mode {table_alone:.0} ({:.2}), WAL mode {wal_alone:.0} ({:.2}); relay running: \
+             table mode {table_rate:.0} ({:.2}), WAL mode {wal_rate:.0} ({:.2}; target >= 0.9: {}); \
+             commit-to-publish at {} events/s: table p50 {:.2} ms p99 {table_p99:.2} ms, WAL p50 \
+             {:.2} ms p99 {wal_p99:.2} ms (target <= 5: {}); drain of {} events: table {:.0}/s, \
+             WAL {:.0}/s ({drain_ratio:.2} x; target >= 1.0: {})",
+            args.writers,
+            table_alone / baseline,
+            wal_alone / baseline,
+            table_rate / baseline,
+            wal_rate / baseline,
+            verdict(wal_rate / baseline >= 0.9),
+            args.rate,
+            latency[0].1,
+            latency[1].1,
+            verdict(wal_p99 <= 5.0),
+            args.backlog,
+            drains[0].1,
+            drains[1].1,
+            verdict(drain_ratio >= 1.0),
+        ),
+        json: json!({
+            "scenario": "wal", "writers": args.writers, "seconds": duration.as_secs(),
+            "baseline_tx_per_s": baseline, "table_tx_per_s": table_rate, "wal_tx_per_s": wal_rate,
+            "table_no_relay_tx_per_s": table_alone, "wal_no_relay_tx_per_s": wal_alone,
+            "table_ratio": table_rate / baseline, "wal_ratio": wal_rate / baseline,
+            "rate": args.rate,
+            "latency_ms": latency.iter().map(|(m, p50, p99, max)| json!({
+                "mode": m, "p50": p50, "p99": p99, "max": max,
+            })).collect::<Vec<_>>(),
+            "backlog": args.backlog,
+            "drain_per_s": drains.iter().map(|(m, r)| json!({"mode": m, "events_per_s": r})).collect::<Vec<_>>(),
+            "drain_ratio": drain_ratio,
+        }),
+    })
+}

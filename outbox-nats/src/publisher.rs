@@ -309,6 +309,14 @@ impl Publisher for NatsPublisher {
     }
 
     async fn check(&self) -> Result<(), PublishError> {
+        // A publisher built a moment ago may still be making its first connection
+        // (it connects lazily): give that one the timeout, as a send would.
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        while self.inner.client.connection_state() == State::Pending
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         if self.inner.client.connection_state() != State::Connected {
             return Err(PublishError::unavailable(format!("NATS: {}", self.state())));
         }

@@ -111,6 +111,24 @@ pub(crate) async fn check(settings: &Settings, broker: Spec) -> Result<(), Failu
         "database  ok: reachable, outbox {} migrated",
         settings.tables.outbox_name()
     );
+    if let Some(wal) = &settings.wal {
+        pgoutbox_postgres::wal::slot::check_wal_level(&pool)
+            .await
+            .map_err(|e| Failure::config(e.to_string()))?;
+        if !pgoutbox_postgres::wal::slot::exists(&pool, &wal.slot)
+            .await
+            .map_err(failure::db("check: the WAL slot"))?
+        {
+            return Err(Failure::config(format!(
+                "wal: the replication slot `{}` does not exist: run `outbox migrate` with [wal] enabled",
+                wal.slot
+            )));
+        }
+        println!(
+            "wal       ok: wal_level = logical, slot {} exists",
+            wal.slot
+        );
+    }
     pool.close().await;
     let name = broker.name().to_string();
     let publisher = broker.build(Prepare::No).await?;

@@ -12,6 +12,9 @@ pub(crate) const DEAD_LETTERS: &str = "outbox_dead_letters";
 pub(crate) const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
 /// Counter: rows deleted by retention cleanup.
 pub(crate) const CLEANUP_DELETED: &str = "outbox_cleanup_deleted_total";
+/// Gauge (WAL mode): bytes of WAL the slot's reader has not acknowledged, which
+/// the server keeps for it.
+pub(crate) const WAL_SLOT_LAG: &str = "outbox_wal_slot_lag_bytes";
 
 /// Seconds to publish and record one batch: up to a publish timeout.
 const BATCH_BUCKETS: &[f64] = &[
@@ -38,6 +41,7 @@ pub(crate) const ALL: &[&str] = &[
     DEAD_LETTERS,
     OLDEST_PENDING_AGE,
     CLEANUP_DELETED,
+    WAL_SLOT_LAG,
 ];
 
 /// Install the global recorder. Histograms get buckets (not summaries) so that
@@ -69,6 +73,11 @@ pub(crate) fn install(outbox: &str) -> Result<PrometheusHandle, Failure> {
         "Age of the oldest event waiting to be published"
     );
     metrics::describe_counter!(CLEANUP_DELETED, "Rows deleted by retention cleanup");
+    metrics::describe_gauge!(
+        WAL_SLOT_LAG,
+        metrics::Unit::Bytes,
+        "WAL mode: bytes of WAL the slot's reader has not acknowledged"
+    );
     // Zero from the start, so alerts and rates see the series before the first event.
     // Labelled as the relay labels them (`outbox` = the store's name).
     metrics::counter!(telemetry::EVENTS_PUBLISHED, "outbox" => outbox.to_owned()).absolute(0);

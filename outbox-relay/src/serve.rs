@@ -66,6 +66,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     tasks.spawn(refresh_stats(
         store.clone(),
         outbox.clone(),
+        settings.wal.as_ref().map(|wal| wal.slot.clone()),
         settings.stats_refresh,
         stop_rx.clone(),
     ));
@@ -254,6 +255,7 @@ async fn upkeep(
 async fn refresh_stats(
     store: PgStore,
     outbox: String,
+    wal_slot: Option<pgoutbox_postgres::Ident>,
     every: Duration,
     stop: watch::Receiver<bool>,
 ) {
@@ -268,6 +270,16 @@ async fn refresh_stats(
                     .set(stats.oldest_pending_age.as_secs_f64());
             }
             Err(error) => tracing::warn!(%error, "cannot read outbox stats"),
+        }
+        if let Some(name) = &wal_slot {
+            match slot::lag_bytes(store.pool(), name).await {
+                Ok(Some(bytes)) => {
+                    metrics::gauge!(exporter::WAL_SLOT_LAG, "outbox" => outbox.clone())
+                        .set(bytes as f64);
+                }
+                Ok(None) => tracing::warn!(slot = %name, "the WAL outbox's slot is gone"),
+                Err(error) => tracing::warn!(%error, "cannot read the WAL slot's lag"),
+            }
         }
         tokio::select! {
             () = &mut stop => return,

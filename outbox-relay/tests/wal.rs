@@ -125,7 +125,15 @@ async fn the_binary_publishes_committed_wal_events_in_commit_order() {
         "a rolled-back event was published"
     );
 
-    // `stats` reports how much WAL the slot's reader has not acknowledged.
+    // `check` sees the slot; `stats` reports how much WAL its reader has not
+    // acknowledged.
+    let checked = run_ok(&config.path, &["check"]);
+    assert!(
+        checked.contains(&format!(
+            "wal       ok: wal_level = logical, slot {slot_name} exists"
+        )),
+        "{checked}"
+    );
     let stats = run_ok(&config.path, &["stats", "--json"]);
     let stats: serde_json::Value = serde_json::from_str(stats.trim()).unwrap();
     assert_eq!(stats["wal_slot"], slot_name.as_str());

@@ -96,6 +96,10 @@ pub(crate) struct Sql {
     /// dead), which the stream's later events of it must wait behind.
     #[cfg_attr(not(feature = "wal"), allow(dead_code))]
     pub(crate) wal_parked: String,
+    /// WAL outbox: every aggregate with events in the table, for a relay that
+    /// starts (or reconnects) and must not let the stream overtake them.
+    #[cfg_attr(not(feature = "wal"), allow(dead_code))]
+    pub(crate) wal_parked_all: String,
 
     pub(crate) claim_unordered: String,
     pub(crate) claim_aggregates: String,
@@ -304,6 +308,10 @@ impl Sql {
             wal_parked: format!(
                 "SELECT EXISTS (SELECT 1 FROM {events} \
                  WHERE aggregate_type = $1 AND aggregate_id = $2 AND processed_at IS NULL)"
+            ),
+            wal_parked_all: format!(
+                "SELECT DISTINCT aggregate_type, aggregate_id FROM {events} \
+                 WHERE processed_at IS NULL"
             ),
 
             claim_unordered: format!(

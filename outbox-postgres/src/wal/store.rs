@@ -74,6 +74,9 @@ struct State {
     transactions: VecDeque<Transaction>,
     /// Aggregates that had events parked in the table (still there or not).
     parked: HashSet<(String, String)>,
+    /// Whether `parked` must be read from the table first: at the start and after
+    /// a reconnect (another relay may have parked events meanwhile).
+    reload_parked: bool,
 }
 
 struct Pending {
@@ -113,6 +116,7 @@ impl WalStore {
                 buffer: VecDeque::new(),
                 transactions: VecDeque::new(),
                 parked: HashSet::new(),
+                reload_parked: true,
             })),
             arrived,
             unresolved: Arc::new(AtomicU64::new(0)),
@@ -129,6 +133,7 @@ impl State {
             match incoming {
                 Incoming::Restarted => {
                     self.generation += 1;
+                    self.reload_parked = true;
                     self.buffer.clear();
                     self.transactions.clear();
                     unresolved.store(0, Ordering::Relaxed);
@@ -256,6 +261,14 @@ impl Store for WalStore {
     async fn claim(&self, limit: usize) -> Result<WalClaim, StoreError> {
         let mut state = Arc::clone(&self.state).lock_owned().await;
         state.drain(&self.unresolved);
+        if state.reload_parked {
+            let rows: Vec<(String, String)> = sqlx::query_as(&self.sql.wal_parked_all)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(StoreError::backend)?;
+            state.parked.extend(rows);
+            state.reload_parked = false;
+        }
         let mut taken: Vec<Pending> = Vec::new();
         let mut diverted: Vec<Pending> = Vec::new();
         while taken.len() < limit {

@@ -41,6 +41,18 @@ async fn next_transaction(stream: &mut WalStream) -> (Vec<pgoutbox_core::Event>,
     }
 }
 
+/// The slot's confirmed position, as a byte offset (`None`: no position yet).
+async fn confirmed_lsn(outbox: &TestOutbox, slot: &TestSlot) -> Option<i64> {
+    sqlx::query_scalar(
+        "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot.slot.as_str())
+    .fetch_one(&outbox.pool)
+    .await
+    .unwrap()
+}
+
 fn ids(events: &[pgoutbox_core::Event]) -> Vec<Uuid> {
     events.iter().map(|e| e.id).collect()
 }
@@ -116,14 +128,7 @@ async fn an_acknowledged_transaction_is_not_read_again_the_rest_is() {
     // The server confirms what was acknowledged.
     let deadline = Instant::now() + WAIT;
     loop {
-        let confirmed: Option<i64> = sqlx::query_scalar(
-            "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
-             FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(slot.slot.as_str())
-        .fetch_one(&outbox.pool)
-        .await
-        .unwrap();
+        let confirmed = confirmed_lsn(&outbox, &slot).await;
         if confirmed.is_some_and(|lsn| lsn as u64 >= end_lsn) {
             break;
         }
@@ -283,14 +288,7 @@ async fn a_failed_event_parks_in_the_table_with_its_followers_others_flow() {
     // only what follows, not the failure again.)
     let deadline = Instant::now() + WAIT;
     loop {
-        let confirmed: Option<i64> = sqlx::query_scalar(
-            "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
-             FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(slot.slot.as_str())
-        .fetch_one(&outbox.pool)
-        .await
-        .unwrap();
+        let confirmed = confirmed_lsn(&outbox, &slot).await;
         if confirmed.is_some_and(|lsn| lsn > before_last) {
             break;
         }
@@ -412,14 +410,7 @@ async fn an_idle_relay_lets_the_slot_follow_the_server() {
             .unwrap();
     let deadline = Instant::now() + WAIT;
     loop {
-        let confirmed: Option<i64> = sqlx::query_scalar(
-            "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint \
-             FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(slot.slot.as_str())
-        .fetch_one(&outbox.pool)
-        .await
-        .unwrap();
+        let confirmed = confirmed_lsn(&outbox, &slot).await;
         if confirmed.is_some_and(|lsn| lsn >= written) {
             break;
         }

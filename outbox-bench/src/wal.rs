@@ -1,7 +1,8 @@
 //! WAL mode against table mode, in one run: producer throughput with the relay
 //! running, commit-to-publish latency at a fixed rate, and the drain of a backlog
-//! written while the relay was stopped. The publisher is a null one that notes
-//! when each event reached it (no broker round trip in these figures).
+//! written while the relay was stopped. The publisher notes when each event was
+//! acknowledged: a null one by default, NATS JetStream with `--nats` (PubAck) for
+//! the latency and drain phases.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use pgoutbox_core::{Event, Outcome, Publisher, Relay, RelayConfig, Store};
+use pgoutbox_core::{
+    DynPublisher, Event, NullPublisher, Outcome, Publisher, Relay, RelayConfig, Store,
+};
 use pgoutbox_postgres::wal::{slot, WalOutbox, WalSource, WalStore};
 use pgoutbox_postgres::Ident;
 use serde_json::json;
@@ -37,28 +40,84 @@ pub(crate) struct WalArgs {
     /// Backlog drained per mode.
     #[arg(long, default_value_t = 200_000)]
     backlog: u64,
+    /// Publish the latency and drain phases to NATS JetStream at this URL (stream
+    /// `OUTBOX_BENCH_WAL`, deleted afterwards; needs the `nats` feature) instead of
+    /// the null publisher.
+    #[arg(long)]
+    nats: Option<String>,
 }
 
 /// The slot of the benchmark's WAL outbox.
 const SLOT: &str = "outbox_bench_wal";
 
-/// Notes when each event reached `publish`.
-#[derive(Clone, Default)]
+/// Notes when each event was acknowledged by the publisher it wraps.
+#[derive(Clone)]
 struct Stamping {
+    inner: Arc<dyn DynPublisher>,
     seen: Arc<Mutex<Vec<(Uuid, Instant)>>>,
     count: Arc<AtomicU64>,
 }
 
-impl Publisher for Stamping {
-    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
-        let now = Instant::now();
-        if let Ok(mut seen) = self.seen.lock() {
-            seen.extend(events.iter().map(|e| (e.id, now)));
-        }
-        self.count.fetch_add(events.len() as u64, Ordering::Relaxed);
-        vec![Outcome::Published; events.len()]
+impl Default for Stamping {
+    fn default() -> Self {
+        Self::over(Arc::new(NullPublisher))
     }
 }
+
+impl Stamping {
+    fn over(inner: Arc<dyn DynPublisher>) -> Self {
+        Self {
+            inner,
+            seen: Arc::default(),
+            count: Arc::default(),
+        }
+    }
+}
+
+impl Publisher for Stamping {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        let outcomes = self.inner.publish_boxed(events).await;
+        let now = Instant::now();
+        let published: Vec<Uuid> = events
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| matches!(o, Outcome::Published))
+            .map(|(e, _)| e.id)
+            .collect();
+        self.count
+            .fetch_add(published.len() as u64, Ordering::Relaxed);
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.extend(published.into_iter().map(|id| (id, now)));
+        }
+        outcomes
+    }
+}
+
+/// The publisher of the latency and drain phases: NATS JetStream or a null one.
+async fn broker(nats: Option<&str>) -> Result<Arc<dyn DynPublisher>> {
+    let Some(url) = nats else {
+        return Ok(Arc::new(NullPublisher));
+    };
+    #[cfg(feature = "nats")]
+    {
+        use pgoutbox_nats::{NatsConfig, SubjectRouting};
+        let publisher = NatsConfig::new(url)
+            .routing(SubjectRouting::new("outboxbenchwal"))
+            .build()
+            .await?;
+        let _ = publisher.jetstream().delete_stream(NATS_STREAM).await;
+        publisher
+            .ensure_stream(publisher.stream_config(NATS_STREAM))
+            .await?;
+        Ok(Arc::new(publisher))
+    }
+    #[cfg(not(feature = "nats"))]
+    Err(format!("--nats {url}: built without the `nats` feature (run with --features nats)").into())
+}
+
+/// The stream `--nats` publishes into.
+#[cfg(feature = "nats")]
+const NATS_STREAM: &str = "OUTBOX_BENCH_WAL";
 
 /// The two relays under test, each with its own stamping publisher.
 enum Under {
@@ -283,13 +342,14 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
         wal_rate / baseline
     ));
 
-    // Latency at a fixed rate.
+    // Latency at a fixed rate, and the drain: through the chosen broker.
+    let sink = broker(args.nats.as_deref()).await?;
     let total = args.rate * args.latency_secs.max(1);
     let mut latency = Vec::new();
     for under in [Under::Table, Under::Wal] {
         bench.reset().await?;
         progress(format!("{} mode at {} events/s", under.name(), args.rate));
-        let publisher = Stamping::default();
+        let publisher = Stamping::over(Arc::clone(&sink));
         let committed = match under {
             Under::Table => {
                 let store = bench.store(3).await?.with_wakeup(Mode::Adaptive.wakeup());
@@ -329,7 +389,7 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
     let mut drains = Vec::new();
     for under in [Under::Table, Under::Wal] {
         bench.reset().await?;
-        let publisher = Stamping::default();
+        let publisher = Stamping::over(Arc::clone(&sink));
         let seconds = match under {
             Under::Table => {
                 progress(format!("table mode: {} events backlog", args.backlog));
@@ -374,6 +434,22 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
         drains.push((under.name(), rate));
     }
     drop_slot(&bench).await?;
+    #[cfg(feature = "nats")]
+    if args.nats.is_some() {
+        // The stream is the benchmark's own: drop what it stored.
+        if let Ok(client) =
+            pgoutbox_nats::async_nats::connect(args.nats.as_deref().unwrap_or_default()).await
+        {
+            let _ = pgoutbox_nats::async_nats::jetstream::new(client)
+                .delete_stream(NATS_STREAM)
+                .await;
+        }
+    }
+    let through = if args.nats.is_some() {
+        "NATS JetStream (PubAck)"
+    } else {
+        "a null publisher"
+    };
 
     let (table_p99, wal_p99) = (latency[0].2, latency[1].2);
     let drain_ratio = drains[1].1 / drains[0].1;
@@ -382,7 +458,7 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
             "wal: producers ({} writers): business only {baseline:.0} tx/s; without a relay: \
              table mode {table_alone:.0} ({:.2}), WAL mode {wal_alone:.0} ({:.2}); relay running: \
              table mode {table_rate:.0} ({:.2}), WAL mode {wal_rate:.0} ({:.2}; target >= 0.9: {}); \
-             commit-to-publish at {} events/s: table p50 {:.2} ms p99 {table_p99:.2} ms, WAL p50 \
+             through {through}: commit-to-publish at {} events/s: table p50 {:.2} ms p99 {table_p99:.2} ms, WAL p50 \
              {:.2} ms p99 {wal_p99:.2} ms (target <= 5: {}); drain of {} events: table {:.0}/s, \
              WAL {:.0}/s ({drain_ratio:.2} x; target >= 1.0: {})",
             args.writers,
@@ -402,6 +478,7 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
         ),
         json: json!({
             "scenario": "wal", "writers": args.writers, "seconds": duration.as_secs(),
+            "publisher": through,
             "baseline_tx_per_s": baseline, "table_tx_per_s": table_rate, "wal_tx_per_s": wal_rate,
             "table_no_relay_tx_per_s": table_alone, "wal_no_relay_tx_per_s": wal_alone,
             "table_ratio": table_rate / baseline, "wal_ratio": wal_rate / baseline,

@@ -17,6 +17,9 @@ pub(crate) struct RssArgs {
     /// Events per claim; default: the relay's default.
     #[arg(long)]
     batch_size: Option<usize>,
+    /// WAL mode: the backlog is written to the WAL and drained from a slot.
+    #[arg(long)]
+    wal: bool,
 }
 
 #[derive(Args, Debug)]
@@ -25,6 +28,8 @@ pub(crate) struct RssChildArgs {
     events: u64,
     #[arg(long)]
     batch_size: Option<usize>,
+    #[arg(long)]
+    wal: bool,
 }
 
 /// A `kB` field of `/proc/self/status`.
@@ -40,8 +45,13 @@ fn status_kb(field: &str) -> Option<u64> {
 pub(crate) async fn rss(url: &str, args: &RssArgs) -> Result<Report> {
     let bench = Bench::fresh(url).await?;
     bench.reset().await?;
-    bench.fill(args.events, 10_000).await?;
-    bench.settle().await?;
+    if args.wal {
+        crate::wal::fresh_slot(&bench).await?;
+        crate::wal::emit_backlog(&bench, args.events).await?;
+    } else {
+        bench.fill(args.events, 10_000).await?;
+        bench.settle().await?;
+    }
     progress("draining in a child relay process");
     let exe = std::env::current_exe()?;
     let mut command = std::process::Command::new(exe);
@@ -54,7 +64,13 @@ pub(crate) async fn rss(url: &str, args: &RssArgs) -> Result<Report> {
     if let Some(batch) = args.batch_size {
         command.arg("--batch-size").arg(batch.to_string());
     }
+    if args.wal {
+        command.arg("--wal");
+    }
     let output = tokio::task::spawn_blocking(move || command.output()).await??;
+    if args.wal {
+        crate::wal::drop_slot(&bench).await?;
+    }
     if !output.status.success() {
         return Err(format!(
             "relay process failed: {}",
@@ -70,14 +86,16 @@ pub(crate) async fn rss(url: &str, args: &RssArgs) -> Result<Report> {
     let mb = hwm_kb as f64 / 1024.0;
     Ok(Report {
         line: format!(
-            "rss: relay process peak RSS {mb:.1} MB (VmHWM; {:.1} MB after connecting) \
+            "rss: {} relay process peak RSS {mb:.1} MB (VmHWM; {:.1} MB after connecting) \
              draining {} events at {rate:.0} events/s (target <= 64 MB: {})",
+            if args.wal { "WAL mode" } else { "table mode" },
             start_kb as f64 / 1024.0,
             args.events,
             verdict(mb <= 64.0)
         ),
         json: json!({
-            "scenario": "rss", "events": args.events, "vm_hwm_kb": hwm_kb,
+            "scenario": "rss", "mode": if args.wal { "wal" } else { "table" },
+            "events": args.events, "vm_hwm_kb": hwm_kb,
             "start_rss_kb": start_kb, "events_per_s": rate, "target_met": mb <= 64.0,
         }),
     })
@@ -92,7 +110,11 @@ pub(crate) async fn rss_child(url: &str, args: &RssChildArgs) -> Result<()> {
     if let Some(batch) = args.batch_size {
         config.batch_size = batch;
     }
-    let elapsed = run_relays(&store, NullPublisher, 1, &config, args.events).await?;
+    let elapsed = if args.wal {
+        drain_wal(&bench, config, args.events).await?
+    } else {
+        run_relays(&store, NullPublisher, 1, &config, args.events).await?
+    };
     println!(
         "{}",
         json!({
@@ -102,6 +124,34 @@ pub(crate) async fn rss_child(url: &str, args: &RssChildArgs) -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// Drain `events` from the benchmark's slot with a WAL relay; the elapsed time.
+async fn drain_wal(bench: &Bench, config: RelayConfig, events: u64) -> Result<std::time::Duration> {
+    let mut source =
+        pgoutbox_postgres::wal::WalSource::new(&bench.url, crate::wal::SLOT, crate::wal::SLOT);
+    source.status_interval = std::time::Duration::from_millis(200);
+    let store =
+        pgoutbox_postgres::wal::WalStore::new(bench.pool.clone(), bench.tables.clone(), source);
+    let relay = pgoutbox_core::Relay::new(store, NullPublisher).with_config(config.workers(1));
+    let started = std::time::Instant::now();
+    let deadline = started + std::time::Duration::from_secs(600);
+    let stats = relay.stats();
+    relay
+        .run(async {
+            while stats.snapshot().published < events && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    if stats.snapshot().published < events {
+        return Err(format!(
+            "only {} of {events} events drained",
+            stats.snapshot().published
+        )
+        .into());
+    }
+    Ok(started.elapsed())
 }
 
 #[derive(Args, Debug)]

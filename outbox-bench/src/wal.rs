@@ -48,7 +48,7 @@ pub(crate) struct WalArgs {
 }
 
 /// The slot of the benchmark's WAL outbox.
-const SLOT: &str = "outbox_bench_wal";
+pub(crate) const SLOT: &str = "outbox_bench_wal";
 
 /// Notes when each event was acknowledged by the publisher it wraps.
 #[derive(Clone)]
@@ -136,7 +136,7 @@ impl Under {
 
 /// Drop the benchmark's slot, if any: the previous phase's reader lets go of it
 /// shortly after it stopped.
-async fn drop_slot(bench: &Bench) -> Result<Ident> {
+pub(crate) async fn drop_slot(bench: &Bench) -> Result<Ident> {
     let name = Ident::new("slot", SLOT)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while let Err(error) = slot::drop(&bench.pool, &name, &name).await {
@@ -149,7 +149,7 @@ async fn drop_slot(bench: &Bench) -> Result<Ident> {
 }
 
 /// A fresh slot for the benchmark's outbox (a leftover of an earlier run dropped).
-async fn fresh_slot(bench: &Bench) -> Result<(Ident, WalSource)> {
+pub(crate) async fn fresh_slot(bench: &Bench) -> Result<(Ident, WalSource)> {
     let name = drop_slot(bench).await?;
     slot::create(&bench.pool, &name, &name).await?;
     let mut source = WalSource::new(&bench.url, SLOT, SLOT);
@@ -301,6 +301,19 @@ async fn published(publisher: &Stamping, n: u64, limit: Duration) -> Result<()> 
     Ok(())
 }
 
+/// Write `n` events to the WAL (10,000 aggregates) in transactions of 5,000,
+/// then checkpoint.
+pub(crate) async fn emit_backlog(bench: &Bench, n: u64) -> Result<()> {
+    let wal = WalOutbox::new(&bench.tables);
+    let mut conn = bench.pool.acquire().await?;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(5000) {
+        let events: Vec<_> = chunk.iter().map(|&i| event(i, 10_000)).collect();
+        wal.enqueue_many(&mut conn, &events).await?;
+    }
+    drop(conn);
+    bench.checkpoint().await
+}
+
 pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
     let bench = Bench::fresh(url).await?;
     slot::check_wal_level(&bench.pool).await?;
@@ -409,14 +422,7 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
             Under::Wal => {
                 progress(format!("WAL mode: {} events backlog", args.backlog));
                 let (_, source) = fresh_slot(&bench).await?;
-                let wal = WalOutbox::new(&bench.tables);
-                let mut conn = bench.pool.acquire().await?;
-                for chunk in (0..args.backlog).collect::<Vec<_>>().chunks(5000) {
-                    let events: Vec<_> = chunk.iter().map(|&i| event(i, 10_000)).collect();
-                    wal.enqueue_many(&mut conn, &events).await?;
-                }
-                drop(conn);
-                bench.checkpoint().await?;
+                emit_backlog(&bench, args.backlog).await?;
                 let store = WalStore::new(bench.pool.clone(), bench.tables.clone(), source);
                 let relay = Relay::new(store, publisher.clone())
                     .with_config(RelayConfig::default().batch_size(1000).workers(1));

@@ -87,7 +87,24 @@ async fn measure(bench: &Bench, mode: Mode, rate: u64, duration: Duration) -> Re
         .map(|s| s.iter().copied().collect())
         .unwrap_or_default();
     let committed = committed.lock().map(|c| c.clone()).unwrap_or_default();
-    // The publish may see the row before the producer's commit call returned: 0.
+    let millis = commit_to_publish_millis(&committed, &published)?;
+    Ok(Percentiles {
+        p50: quantile(&millis, 0.50),
+        p90: quantile(&millis, 0.90),
+        p99: quantile(&millis, 0.99),
+        max: millis.last().copied().unwrap_or(0.0),
+        count: millis.len(),
+        offered,
+    })
+}
+
+/// Milliseconds from each commit to its event's publish, sorted; an error when an
+/// event was not published. The publish may see an event before the producer's
+/// commit call returned: 0.
+pub(crate) fn commit_to_publish_millis(
+    committed: &[(Uuid, Instant)],
+    published: &HashMap<Uuid, Instant>,
+) -> Result<Vec<f64>> {
     let mut millis: Vec<f64> = committed
         .iter()
         .filter_map(|(id, at)| published.get(id).map(|p| p.saturating_duration_since(*at)))
@@ -102,18 +119,13 @@ async fn measure(bench: &Bench, mode: Mode, rate: u64, duration: Duration) -> Re
         .into());
     }
     millis.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        let i = ((millis.len() as f64 * q).ceil() as usize).clamp(1, millis.len().max(1)) - 1;
-        millis.get(i).copied().unwrap_or(0.0)
-    };
-    Ok(Percentiles {
-        p50: at(0.50),
-        p90: at(0.90),
-        p99: at(0.99),
-        max: millis.last().copied().unwrap_or(0.0),
-        count: millis.len(),
-        offered,
-    })
+    Ok(millis)
+}
+
+/// The `q` quantile of sorted values (0 when there are none).
+pub(crate) fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len().max(1)) - 1;
+    sorted.get(i).copied().unwrap_or(0.0)
 }
 
 /// Latency percentiles per wake-up mode.

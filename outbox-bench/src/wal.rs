@@ -20,6 +20,7 @@ use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 use crate::db::{event, Bench, SCHEMA};
+use crate::latency::{commit_to_publish_millis, quantile};
 use crate::produce::{write_for, Work};
 use crate::{progress, verdict, Mode, Report, Result};
 
@@ -264,25 +265,12 @@ fn percentiles(committed: &[(Uuid, Instant)], published: &Stamping) -> Result<(f
         .lock()
         .map(|s| s.iter().copied().collect())
         .unwrap_or_default();
-    let mut millis: Vec<f64> = committed
-        .iter()
-        .filter_map(|(id, at)| seen.get(id).map(|p| p.saturating_duration_since(*at)))
-        .map(|d| d.as_secs_f64() * 1000.0)
-        .collect();
-    if millis.len() != committed.len() {
-        return Err(format!(
-            "{} of {} committed events were not published",
-            committed.len() - millis.len(),
-            committed.len()
-        )
-        .into());
-    }
-    millis.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        let i = ((millis.len() as f64 * q).ceil() as usize).clamp(1, millis.len().max(1)) - 1;
-        millis.get(i).copied().unwrap_or(0.0)
-    };
-    Ok((at(0.5), at(0.99), millis.last().copied().unwrap_or(0.0)))
+    let millis = commit_to_publish_millis(committed, &seen)?;
+    Ok((
+        quantile(&millis, 0.5),
+        quantile(&millis, 0.99),
+        millis.last().copied().unwrap_or(0.0),
+    ))
 }
 
 /// Wait until `publisher` saw `n` events (at most `limit`).

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use pgoutbox_core::{NullPublisher, Relay, RelayConfig};
+use pgoutbox_postgres::wal::WalOutbox;
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
 
@@ -32,6 +33,8 @@ pub(crate) enum Work {
     WithEvent,
     /// Control: a second business row instead of the event (same statement count).
     TwoBusinessRows,
+    /// The event written to the WAL (`WalOutbox`) instead of the outbox table.
+    WithWalEvent,
 }
 
 /// Commit transactions on `writers` connections for `duration`; transactions per second.
@@ -53,6 +56,7 @@ pub(crate) async fn write_for(
                 "INSERT INTO {}.orders (customer, total) VALUES ($1, $2)",
                 crate::db::SCHEMA
             );
+            let wal = WalOutbox::new(&bench.tables);
             let mut i = w as u64 * 1_000_000_000;
             loop {
                 let now = Instant::now();
@@ -70,6 +74,9 @@ pub(crate) async fn write_for(
                     Work::BusinessOnly => {}
                     Work::WithEvent => {
                         bench.outbox.enqueue(&mut tx, &event(i, 10_000)).await?;
+                    }
+                    Work::WithWalEvent => {
+                        wal.enqueue(&mut tx, &event(i, 10_000)).await?;
                     }
                     Work::TwoBusinessRows => {
                         sqlx::query(&insert)

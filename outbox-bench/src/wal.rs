@@ -16,10 +16,9 @@ use pgoutbox_core::{
 use pgoutbox_postgres::wal::{slot, WalOutbox, WalSource, WalStore};
 use pgoutbox_postgres::Ident;
 use serde_json::json;
-use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::db::{event, Bench, SCHEMA};
+use crate::db::{event, Bench};
 use crate::latency::{commit_to_publish_millis, quantile};
 use crate::produce::{write_for, Work};
 use crate::{progress, verdict, Mode, Report, Result};
@@ -177,45 +176,6 @@ async fn run_while<S: Store, P: Publisher, T>(
     out
 }
 
-/// Transactions per second of `writers` connections, each a business row and an
-/// event written to the WAL.
-async fn write_wal_for(bench: &Bench, writers: usize, duration: Duration) -> Result<f64> {
-    let counted = Arc::new(AtomicU64::new(0));
-    let warmup = Duration::from_secs(1);
-    let started = Instant::now();
-    let (from, to) = (started + warmup, started + warmup + duration);
-    let wal = WalOutbox::new(&bench.tables);
-    let tasks = (0..writers.max(1)).map(|w| {
-        let counted = Arc::clone(&counted);
-        let wal = wal.clone();
-        async move {
-            let mut conn = PgConnection::connect(&bench.url).await?;
-            let insert = format!("INSERT INTO {SCHEMA}.orders (customer, total) VALUES ($1, $2)");
-            let mut i = w as u64 * 1_000_000_000;
-            while Instant::now() < to {
-                i += 1;
-                let mut tx = conn.begin().await?;
-                sqlx::query(&insert)
-                    .bind(format!("c{}", i % 977))
-                    .bind(i64::try_from(i % 100_000)?)
-                    .execute(&mut *tx)
-                    .await?;
-                wal.enqueue(&mut tx, &event(i, 10_000)).await?;
-                tx.commit().await?;
-                let done = Instant::now();
-                if done >= from && done < to {
-                    counted.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        }
-    });
-    for result in futures_util::future::join_all(tasks).await {
-        result?;
-    }
-    Ok(counted.load(Ordering::Relaxed) as f64 / duration.as_secs_f64())
-}
-
 /// One event per transaction at `rate` for `total` events; commit times.
 async fn offer(
     bench: &Bench,
@@ -316,7 +276,7 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
     let table_alone = write_for(&bench, args.writers, duration, Work::WithEvent).await?;
     bench.reset().await?;
     progress("WAL mode, no relay");
-    let wal_alone = write_wal_for(&bench, args.writers, duration).await?;
+    let wal_alone = write_for(&bench, args.writers, duration, Work::WithWalEvent).await?;
     bench.reset().await?;
     progress("table mode, relay running");
     let store = bench.store(3).await?.with_wakeup(Mode::Adaptive.wakeup());
@@ -335,7 +295,11 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
         Stamping::default(),
     )
     .with_config(RelayConfig::default().workers(1));
-    let wal_rate = run_while(&relay, write_wal_for(&bench, args.writers, duration)).await?;
+    let wal_rate = run_while(
+        &relay,
+        write_for(&bench, args.writers, duration, Work::WithWalEvent),
+    )
+    .await?;
     drop(relay);
     progress(format!(
         "baseline {baseline:.0} tx/s, table {table_rate:.0} ({:.2}), wal {wal_rate:.0} ({:.2})",

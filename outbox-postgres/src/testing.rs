@@ -147,7 +147,7 @@ where
 }
 
 #[cfg(feature = "wal")]
-pub use slot_guard::TestSlot;
+pub use slot_guard::{drop_slot_when_released, TestSlot};
 
 #[cfg(feature = "wal")]
 mod slot_guard {
@@ -215,20 +215,25 @@ mod slot_guard {
 
     impl Drop for TestSlot {
         fn drop(&mut self) {
-            let (slot, publication) = (self.slot.clone(), self.publication.clone());
-            // The server releases the slot shortly after its reader disconnected:
-            // retry while it is still active.
-            block_on_detached(|| async move {
-                let pool = sqlx::PgPool::connect(&database_url()).await.ok()?;
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while slot::drop(&pool, &slot, &publication).await.is_err() {
-                    if Instant::now() > deadline {
-                        return None;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Some(())
-            });
+            drop_slot_when_released(self.slot.clone(), self.publication.clone());
         }
+    }
+
+    /// Drop a test's slot and publication from a `Drop` (its own connection and
+    /// runtime), also when the test failed: an abandoned slot keeps WAL on the
+    /// server for ever. The server releases a slot shortly after its reader
+    /// disconnected: retried while it is still active, for up to 30 s.
+    pub fn drop_slot_when_released(slot: Ident, publication: Ident) {
+        block_on_detached(|| async move {
+            let pool = sqlx::PgPool::connect(&database_url()).await.ok()?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while slot::drop(&pool, &slot, &publication).await.is_err() {
+                if Instant::now() > deadline {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Some(())
+        });
     }
 }

@@ -545,11 +545,8 @@ pub(crate) fn apply_env(
             "OUTBOX_PUBLISH_TIMEOUT" => file.relay.publish_timeout = duration(&value)?,
             "OUTBOX_SHUTDOWN_TIMEOUT" => file.relay.shutdown_timeout = duration(&value)?,
             "OUTBOX_ORDERING" => {
-                file.relay.ordering = match value.trim() {
-                    "true" | "1" | "on" | "yes" => true,
-                    "false" | "0" | "off" | "no" => false,
-                    _ => return Err(bad("expected true or false".into())),
-                };
+                file.relay.ordering =
+                    flag(&value).ok_or_else(|| bad("expected true or false".into()))?;
             }
             "OUTBOX_WAKEUP" => {
                 file.relay.wakeup = match value.trim() {
@@ -572,11 +569,8 @@ pub(crate) fn apply_env(
             envelope::VAR_CLOUDEVENTS_SOURCE => file.envelope.source = Some(value.clone()),
             envelope::VAR_CLOUDEVENTS_SUBJECT => file.envelope.subject = Some(value.clone()),
             "OUTBOX_WAL" => {
-                file.wal.enabled = match value.trim() {
-                    "true" | "1" | "on" | "yes" => true,
-                    "false" | "0" | "off" | "no" => false,
-                    _ => return Err(bad("expected true or false".into())),
-                };
+                file.wal.enabled =
+                    flag(&value).ok_or_else(|| bad("expected true or false".into()))?;
             }
             "OUTBOX_WAL_SLOT" => file.wal.slot = Some(value.trim().to_string()),
             "OUTBOX_WAL_REPLICATION_URL" => file.wal.replication_url = Some(value.clone()),
@@ -596,6 +590,15 @@ pub(crate) fn apply_env(
         }
     }
     Ok(())
+}
+
+/// An on/off environment value: `true`/`1`/`on`/`yes` or `false`/`0`/`off`/`no`.
+fn flag(value: &str) -> Option<bool> {
+    match value.trim() {
+        "true" | "1" | "on" | "yes" => Some(true),
+        "false" | "0" | "off" | "no" => Some(false),
+        _ => None,
+    }
 }
 
 fn validate(file: FileConfig) -> Result<Settings, Failure> {

@@ -307,21 +307,7 @@ pub struct DropSlot(pub Ident);
 
 impl Drop for DropSlot {
     fn drop(&mut self) {
-        let name = self.0.clone();
-        pgoutbox_postgres::testing::block_on_detached(|| async move {
-            let pool = sqlx::PgPool::connect(&database_url()).await.ok()?;
-            let deadline = Instant::now() + Duration::from_secs(30);
-            // The relay's walsender lets go of the slot shortly after it exits.
-            while pgoutbox_postgres::wal::slot::drop(&pool, &name, &name)
-                .await
-                .is_err()
-            {
-                if Instant::now() > deadline {
-                    return None;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Some(())
-        });
+        // The relay names its publication like its slot in these tests.
+        pgoutbox_postgres::testing::drop_slot_when_released(self.0.clone(), self.0.clone());
     }
 }

@@ -35,6 +35,8 @@ pub(crate) enum Work {
     TwoBusinessRows,
     /// The event written to the WAL (`WalOutbox`) instead of the outbox table.
     WithWalEvent,
+    /// The event written to the WAL in the commit's round trip (`WalOutbox::commit`).
+    WithWalEventAtCommit,
 }
 
 /// Commit transactions on `writers` connections for `duration`; transactions per second.
@@ -71,7 +73,7 @@ pub(crate) async fn write_for(
                     .execute(&mut *tx)
                     .await?;
                 match work {
-                    Work::BusinessOnly => {}
+                    Work::BusinessOnly | Work::WithWalEventAtCommit => {}
                     Work::WithEvent => {
                         bench.outbox.enqueue(&mut tx, &event(i, 10_000)).await?;
                     }
@@ -86,7 +88,11 @@ pub(crate) async fn write_for(
                             .await?;
                     }
                 }
-                tx.commit().await?;
+                if work == Work::WithWalEventAtCommit {
+                    wal.commit(tx, &[event(i, 10_000)]).await?;
+                } else {
+                    tx.commit().await?;
+                }
                 let done = Instant::now();
                 if done >= from && done < to {
                     counted.fetch_add(1, Ordering::Relaxed);

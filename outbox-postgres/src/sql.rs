@@ -56,6 +56,50 @@ const BLOCKED_RECHECK: &str = "interval '60 seconds'";
 /// the start of its run. The next claims find the rest through the pending index.
 pub(crate) const RELEASED_RUN: i32 = 16;
 
+/// Writes WAL messages with prefix `$1`, one per element of `$2`, emitted as the
+/// scan of `unnest` yields them: in array order.
+#[cfg(feature = "wal")]
+pub(crate) const WAL_EMIT: &str = "SELECT count(pg_logical_emit_message(true, $1, content)) \
+     FROM unnest($2::text[]) AS m(content)";
+
+/// Writes WAL messages and commits, as one simple query (one round trip).
+/// Parameters cannot be bound there, so prefix and contents go as escaped
+/// literals. The trailing `BEGIN` opens an empty transaction for the caller's
+/// sqlx `Transaction`, which still counts itself open, to roll back when dropped
+/// (a `ROLLBACK` outside a transaction would log a warning); that `ROLLBACK` is
+/// queued and sent with the connection's next statement.
+#[cfg(feature = "wal")]
+pub(crate) fn wal_emit_and_commit(prefix: &str, contents: &[String]) -> String {
+    let prefix = literal(prefix);
+    let mut sql = String::with_capacity(contents.iter().map(|c| c.len() + 80).sum());
+    for content in contents {
+        sql.push_str("SELECT pg_logical_emit_message(true, ");
+        sql.push_str(&prefix);
+        sql.push_str(", ");
+        sql.push_str(&literal(content));
+        sql.push_str(");");
+    }
+    sql.push_str("COMMIT;BEGIN");
+    sql
+}
+
+/// `text` as an escape-string literal (`E'...'`), read the same whatever
+/// `standard_conforming_strings` says.
+#[cfg(feature = "wal")]
+fn literal(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 4);
+    quoted.push_str("E'");
+    for c in text.chars() {
+        match c {
+            '\\' => quoted.push_str("\\\\"),
+            '\'' => quoted.push_str("''"),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('\'');
+    quoted
+}
+
 /// What to do with the followers of a dead-lettered event when ordering is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AfterDeadLetter {

@@ -184,6 +184,109 @@ async fn bad_events_are_refused_and_nothing_is_written() {
     outbox.drop_schema().await.unwrap();
 }
 
+async fn rows(conn: &mut sqlx::PgConnection, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// `WalOutbox::commit` writes the events and commits in one round trip: the
+/// business row and the events exist together, contents survive the literal
+/// quoting byte for byte, the connection is left outside any transaction, and a
+/// refused call writes nothing and rolls the business row back.
+#[tokio::test(flavor = "multi_thread")]
+async fn commit_writes_the_events_with_the_transaction_or_nothing() {
+    use sqlx::Connection;
+
+    let outbox = TestOutbox::new().await.unwrap();
+    let slot = TestSlot::create(&outbox).await;
+    let wal = WalOutbox::new(&outbox.tables);
+    let mut stream = slot.stream(&wal).await;
+    let business = format!("{}.commit_test", outbox.tables.schema());
+    sqlx::query(&format!("CREATE TABLE {business} (n int)"))
+        .execute(&outbox.pool)
+        .await
+        .unwrap();
+    let insert = format!("INSERT INTO {business} VALUES (1)");
+    let mut conn = sqlx::PgConnection::connect(&pgoutbox_postgres::testing::database_url())
+        .await
+        .unwrap();
+
+    // Quotes, backslashes, a dollar-quote lookalike and non-ASCII text.
+    let tricky = NewEvent::new(
+        "order",
+        "a'b",
+        "order.created",
+        &serde_json::json!({ "note": "it's a \\ back\\slash, $$ and \"quotes\", \u{e9}t\u{e9} \u{1f4e6}" }),
+    );
+    let events = [tricky.clone(), event("a'b", 2)];
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+    assert_eq!(wal.commit(tx, &events).await.unwrap(), ids_of(&events));
+    let (read, _) = next_transaction(&mut stream).await;
+    assert_eq!(ids(&read), ids_of(&events));
+    assert_eq!(read[0].payload.get(), tricky.payload);
+    assert_eq!(read[0].aggregate_id, "a'b");
+    assert_eq!(
+        rows(&mut conn, &business).await,
+        1,
+        "the business row is committed"
+    );
+    // Outside a transaction each statement gets its own transaction id.
+    let mut xids = Vec::new();
+    for _ in 0..2 {
+        let xid: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        xids.push(xid);
+    }
+    let outside = xids[0] != xids[1];
+    assert!(outside, "the connection was left inside a transaction");
+
+    // The connection's next transaction is a real one (not a savepoint of a
+    // leftover): rolled back, its row is gone.
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(rows(&mut conn, &business).await, 1);
+
+    // A refused event: nothing written, the business row rolled back.
+    let mut invalid = event("a", 3);
+    invalid.payload = "{not json".into();
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+    let err = wal.commit(tx, &[event("a", 2), invalid]).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidEvent(_)), "{err}");
+    assert_eq!(
+        rows(&mut conn, &business).await,
+        1,
+        "the refused call's row was committed"
+    );
+
+    // A savepoint cannot be committed this way: refused, nothing written.
+    let mut outer = conn.begin().await.unwrap();
+    let inner = outer.begin().await.unwrap();
+    let err = wal.commit(inner, &[event("a", 4)]).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Wal(ref m) if m.contains("outermost")),
+        "{err}"
+    );
+    outer.rollback().await.unwrap();
+
+    // Nothing of the refused calls reached the WAL: the next transaction read is this one.
+    let marker = event("z", 1);
+    let tx = conn.begin().await.unwrap();
+    wal.commit(tx, std::slice::from_ref(&marker)).await.unwrap();
+    let (read, _) = next_transaction(&mut stream).await;
+    assert_eq!(ids(&read), [marker.id]);
+
+    conn.close().await.unwrap();
+    stream.close().await.unwrap();
+    outbox.drop_schema().await.unwrap();
+}
+
 /// The core relay over a [`WalStore`]: a failing event parks in the outbox table
 /// with the events of its aggregate that follow it, while other aggregates flow;
 /// once the failure clears, a table relay drains the parked ones, and every
@@ -363,20 +466,23 @@ async fn a_failed_event_parks_in_the_table_with_its_followers_others_flow() {
 }
 
 /// An idle WAL relay acknowledges the server's position when it reports it (a
-/// heartbeat): the slot follows the server's WAL while other tables are written,
-/// instead of keeping all of it.
+/// heartbeat): over 60 s in which other tables are written and the outbox is not,
+/// with the default heartbeat (30 s), the slot follows the server's WAL instead
+/// of keeping all of it.
 #[tokio::test(flavor = "multi_thread")]
-async fn an_idle_relay_lets_the_slot_follow_the_server() {
+async fn an_idle_relay_lets_the_slot_follow_the_server_for_60_s() {
     use std::sync::Arc;
 
     use pgoutbox_core::testing::RecordingPublisher;
     use pgoutbox_core::Relay;
     use pgoutbox_postgres::wal::WalStore;
 
+    const IDLE: Duration = Duration::from_secs(60);
     let outbox = TestOutbox::new().await.unwrap();
     let slot = TestSlot::create(&outbox).await;
-    let mut source = slot.source();
-    source.heartbeat = Duration::from_millis(500);
+    let source = slot.source();
+    assert_eq!(source.heartbeat, Duration::from_secs(30), "the default");
+    let heartbeat = source.heartbeat;
     let store = WalStore::new(outbox.pool.clone(), outbox.tables.clone(), source);
     let relay = Arc::new(Relay::new(store, RecordingPublisher::new()));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -391,34 +497,48 @@ async fn an_idle_relay_lets_the_slot_follow_the_server() {
         }
     });
 
-    // Other work writes WAL; the outbox writes nothing.
+    // Other work writes WAL every 2 s; the outbox writes nothing.
     let noise = format!("{}.noise", outbox.tables.schema().quoted());
     sqlx::query(&format!("CREATE TABLE {noise} (n int)"))
         .execute(&outbox.pool)
         .await
         .unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO {noise} SELECT generate_series(1, 10000)"
-    ))
-    .execute(&outbox.pool)
-    .await
-    .unwrap();
-    let written: i64 =
-        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
-            .fetch_one(&outbox.pool)
-            .await
-            .unwrap();
-    let deadline = Instant::now() + WAIT;
+    let started = Instant::now();
+    let mut written = Vec::new(); // (when, the server's WAL position after the write)
+    while started.elapsed() < IDLE {
+        sqlx::query(&format!(
+            "INSERT INTO {noise} SELECT generate_series(1, 1000)"
+        ))
+        .execute(&outbox.pool)
+        .await
+        .unwrap();
+        let lsn: i64 =
+            sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+                .fetch_one(&outbox.pool)
+                .await
+                .unwrap();
+        written.push((started.elapsed(), lsn));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // Within a heartbeat (and a margin) of the idle period's end, the slot has
+    // confirmed at least what was written a heartbeat before that end.
+    let target = written
+        .iter()
+        .rev()
+        .find(|(when, _)| *when + heartbeat <= IDLE)
+        .map(|(_, lsn)| *lsn)
+        .unwrap();
+    let deadline = Instant::now() + heartbeat + Duration::from_secs(10);
     loop {
         let confirmed = confirmed_lsn(&outbox, &slot).await;
-        if confirmed.is_some_and(|lsn| lsn >= written) {
+        if confirmed.is_some_and(|lsn| lsn >= target) {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the slot stays at {confirmed:?}, the server is at {written}"
+            "the slot stays at {confirmed:?}; the server was at {target} a heartbeat before the idle period ended"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let _ = stop.send(());
     running.await.unwrap();

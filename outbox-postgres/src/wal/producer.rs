@@ -1,12 +1,13 @@
 //! The producer side: an event as a transactional logical message.
 
 use pgoutbox_core::NewEvent;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::message::WalMessage;
 use crate::enqueue::{current_trace, headers_with_trace};
 use crate::error::{Error, Result};
+use crate::sql;
 use crate::tables::Tables;
 
 /// Writes events of one outbox to the WAL, in the caller's transaction.
@@ -62,6 +63,60 @@ impl WalOutbox {
         conn: &mut PgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<Uuid>> {
+        let contents = self.messages(events)?;
+        sqlx::query(sql::WAL_EMIT)
+            .bind(&self.prefix)
+            .bind(&contents)
+            .execute(conn)
+            .await?;
+        Ok(events.iter().map(|e| e.id).collect())
+    }
+
+    /// Write `events` and commit `tx`, in one round trip to the server: the
+    /// cheapest way to publish from a transaction (the business statements, then
+    /// this call). Same validation as [`WalOutbox::enqueue_many`]: one invalid event
+    /// refuses the whole call, nothing is written and `tx` is rolled back.
+    ///
+    /// `tx` must be the outermost transaction (not a savepoint): this commits it.
+    /// An error from the commit itself (e.g. a deferred constraint) is returned as
+    /// from [`Transaction::commit`]; the events are then not written either.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use pgoutbox_core::NewEvent;
+    /// use pgoutbox_postgres::{wal::WalOutbox, Tables};
+    ///
+    /// let outbox = WalOutbox::new(&Tables::default());
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("INSERT INTO orders (id) VALUES (42)").execute(&mut *tx).await?;
+    /// let created = NewEvent::new("order", "42", "order.created", &serde_json::json!({"total": 10}));
+    /// outbox.commit(tx, &[created]).await?; // the order and its event, or neither
+    /// # Ok(()) }
+    /// ```
+    pub async fn commit(
+        &self,
+        mut tx: Transaction<'_, Postgres>,
+        events: &[NewEvent],
+    ) -> Result<Vec<Uuid>> {
+        use sqlx::TransactionManager as _;
+        let depth = <Postgres as sqlx::Database>::TransactionManager::get_transaction_depth(&tx);
+        if depth != 1 {
+            return Err(Error::Wal(
+                "WalOutbox::commit needs the outermost transaction, not a savepoint: \
+                 call enqueue_many in the savepoint, or commit on the outer transaction"
+                    .into(),
+            ));
+        }
+        let contents = self.messages(events)?;
+        let sql = sql::wal_emit_and_commit(&self.prefix, &contents);
+        sqlx::raw_sql(&sql).execute(&mut *tx).await?;
+        // Its queued ROLLBACK ends the empty transaction the statement opened.
+        drop(tx);
+        Ok(events.iter().map(|e| e.id).collect())
+    }
+
+    /// Each event validated and encoded as its message's content.
+    fn messages(&self, events: &[NewEvent]) -> Result<Vec<String>> {
         let trace = current_trace();
         let now = chrono::Utc::now();
         let mut contents = Vec::with_capacity(events.len());
@@ -78,16 +133,6 @@ impl WalOutbox {
                 .map_err(|e| Error::Wal(format!("event {}: {e}", event.id)))?;
             contents.push(message);
         }
-        // One message per element, emitted as the scan of `unnest` yields them: in
-        // array order.
-        sqlx::query(
-            "SELECT count(pg_logical_emit_message(true, $1, content)) \
-             FROM unnest($2::text[]) AS m(content)",
-        )
-        .bind(&self.prefix)
-        .bind(&contents)
-        .execute(conn)
-        .await?;
-        Ok(events.iter().map(|e| e.id).collect())
+        Ok(contents)
     }
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use lapin::uri::AMQPUri;
 use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::redact_url;
+use pgoutbox_core::settings::{EnvOverrides, HumanDuration, Vars};
+use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::publisher::AmqpPublisher;
@@ -60,6 +62,57 @@ pub struct AmqpConfig {
     pub envelope: Envelope,
 }
 
+/// AMQP settings as a configuration file or the environment writes them, every
+/// one optional (unset: the default of [`AmqpConfig`]). The `outbox` binary reads
+/// its `[broker.amqp]` section into this, lays the environment over it
+/// ([`EnvOverrides::with_env`]) and builds the config with
+/// [`AmqpConfig::from_settings`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct AmqpSettings {
+    /// [`AmqpConfig::url`].
+    pub url: Option<String>,
+    /// Exchange of the default [`AmqpRouting`].
+    pub exchange: Option<String>,
+    /// [`AmqpConfig::timeout`], e.g. `"5s"`.
+    pub timeout: Option<HumanDuration>,
+    /// [`AmqpConfig::connection_name`].
+    pub connection_name: Option<String>,
+    /// [`AmqpConfig::password`], read from this file (a mounted secret).
+    pub password_file: Option<PathBuf>,
+    /// [`AmqpConfig::tls_ca_file`].
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl EnvOverrides for AmqpSettings {
+    type Error = Error;
+
+    /// These settings with `vars` laid over them: each variable that is set
+    /// replaces its setting.
+    ///
+    /// | variable | setting |
+    /// |---|---|
+    /// | `OUTBOX_AMQP_URL` | `url` |
+    /// | `OUTBOX_AMQP_EXCHANGE` | `exchange` |
+    /// | `OUTBOX_AMQP_TIMEOUT_MS` | `timeout`, in milliseconds |
+    /// | `OUTBOX_AMQP_CONNECTION_NAME` | `connection_name` |
+    /// | `OUTBOX_AMQP_PASSWORD_FILE` | `password_file` |
+    /// | `OUTBOX_AMQP_TLS_CA` | `tls_ca` |
+    fn with(mut self, vars: &Vars) -> Result<Self> {
+        self.url = vars.text(ENV_URL).or(self.url);
+        self.exchange = vars.text(ENV_EXCHANGE).or(self.exchange);
+        self.timeout = vars
+            .millis(ENV_TIMEOUT_MS)
+            .map_err(|e| Error::config(e.var, format!("`{}`: {}", e.value, e.reason)))?
+            .or(self.timeout);
+        self.connection_name = vars.text(ENV_CONNECTION_NAME).or(self.connection_name);
+        self.password_file = vars.path(ENV_PASSWORD_FILE).or(self.password_file);
+        self.tls_ca = vars.path(ENV_TLS_CA).or(self.tls_ca);
+        Ok(self)
+    }
+}
+
 impl std::fmt::Debug for AmqpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpConfig")
@@ -94,57 +147,50 @@ impl AmqpConfig {
         }
     }
 
-    /// Defaults overridden by the environment:
-    ///
-    /// | variable | setting |
-    /// |---|---|
-    /// | `OUTBOX_AMQP_URL` | [`AmqpConfig::url`] |
-    /// | `OUTBOX_AMQP_EXCHANGE` | exchange of the default [`AmqpRouting`] |
-    /// | `OUTBOX_AMQP_TIMEOUT_MS` | [`AmqpConfig::timeout`], milliseconds |
-    /// | `OUTBOX_AMQP_CONNECTION_NAME` | [`AmqpConfig::connection_name`] |
-    /// | `OUTBOX_AMQP_PASSWORD_FILE` | [`AmqpConfig::password`], read from this file |
-    /// | `OUTBOX_AMQP_TLS_CA` | [`AmqpConfig::tls_ca_file`] |
-    /// | `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*` | [`AmqpConfig::envelope`] ([`Envelope::from_lookup`]) |
-    ///
-    /// Unset or empty variables keep the default; unparsable ones are an error.
+    /// Defaults overridden by the environment ([`AmqpSettings`]'s [`EnvOverrides::with`] lists
+    /// the `OUTBOX_AMQP_*` variables), and the envelope: `OUTBOX_ENVELOPE`,
+    /// `OUTBOX_CLOUDEVENTS_*` ([`Envelope::from_lookup`]). Unset or empty
+    /// variables keep the default; unparsable ones are an error.
     pub fn from_env() -> Result<Self> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_vars(std::env::vars())
     }
 
-    /// Like [`AmqpConfig::from_env`], from the given variables (e.g. a config file's
-    /// values overlaid by the environment).
+    /// Like [`AmqpConfig::from_env`], from the given variables.
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
-        let vars: std::collections::HashMap<String, String> = vars.into_iter().collect();
-        Self::from_lookup(|name| vars.get(name).cloned())
+        let vars = Vars::new(vars);
+        let settings = AmqpSettings::default().with(&vars)?;
+        let envelope = Envelope::from_lookup(|name| vars.text(name))
+            .map_err(|e| Error::config("envelope", e.to_string()))?;
+        Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 
-    pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let var = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+    /// Defaults overridden by `settings` (a configuration file's section, the
+    /// environment laid over it); the password file is read here.
+    pub fn from_settings(settings: &AmqpSettings) -> Result<Self> {
+        let s = settings;
         let mut config = Self::default();
-        if let Some(url) = var(ENV_URL) {
-            config.url = url;
+        if let Some(url) = &s.url {
+            config.url.clone_from(url);
         }
-        if let Some(exchange) = var(ENV_EXCHANGE) {
-            config.routing = AmqpRouting::new(exchange);
+        if let Some(exchange) = &s.exchange {
+            config.routing = AmqpRouting::new(exchange.clone());
         }
-        if let Some(ms) = var(ENV_TIMEOUT_MS) {
-            let ms: u64 = ms
-                .trim()
-                .parse()
-                .map_err(|e| Error::config(ENV_TIMEOUT_MS, format!("`{ms}`: {e}")))?;
-            config.timeout = Duration::from_millis(ms);
+        if let Some(timeout) = s.timeout {
+            config.timeout = timeout.0;
         }
-        if let Some(name) = var(ENV_CONNECTION_NAME) {
-            config.connection_name = name;
+        if let Some(name) = &s.connection_name {
+            config.connection_name.clone_from(name);
         }
-        if let Some(path) = var(ENV_PASSWORD_FILE) {
-            let password = pgoutbox_core::read_secret_file(std::path::Path::new(&path))
-                .map_err(|e| Error::config(ENV_PASSWORD_FILE, e.to_string()))?;
+        if let Some(path) = &s.password_file {
+            let password = pgoutbox_core::read_secret_file(path).map_err(|e| {
+                Error::config(
+                    format!("password_file ({ENV_PASSWORD_FILE})"),
+                    e.to_string(),
+                )
+            })?;
             config.password = Some(password);
         }
-        config.tls_ca_file = var(ENV_TLS_CA).map(PathBuf::from);
-        config.envelope =
-            Envelope::from_lookup(var).map_err(|e| Error::config("envelope", e.to_string()))?;
+        config.tls_ca_file.clone_from(&s.tls_ca);
         Ok(config)
     }
 
@@ -233,14 +279,48 @@ impl AmqpConfig {
 mod tests {
     use super::*;
 
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_environment_wins_over_the_file() {
+        let file: AmqpSettings =
+            toml::from_str("exchange = \"file\"\ntimeout = \"2s\"\nconnection_name = \"f\"")
+                .unwrap();
+        let settings = file
+            .with_vars(vars(&[
+                ("OUTBOX_AMQP_EXCHANGE", "env"),
+                ("OUTBOX_AMQP_TIMEOUT_MS", ""),
+            ]))
+            .unwrap();
+        let c = AmqpConfig::from_settings(&settings).unwrap();
+        assert_eq!(c.routing.exchange(), "env");
+        assert_eq!(
+            (c.timeout, c.connection_name.as_str()),
+            (Duration::from_secs(2), "f")
+        );
+        let err = AmqpConfig::from_settings(&AmqpSettings {
+            password_file: Some("/nonexistent/pw".into()),
+            ..AmqpSettings::default()
+        })
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("OUTBOX_AMQP_PASSWORD_FILE"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn env_overrides_defaults() {
-        let c = AmqpConfig::from_lookup(|name| match name {
-            "OUTBOX_AMQP_URL" => Some("amqp://u:secret@h:5673/v".into()),
-            "OUTBOX_AMQP_TIMEOUT_MS" => Some("250".into()),
-            "OUTBOX_AMQP_EXCHANGE" => Some("shop".into()),
-            _ => None,
-        })
+        let c = AmqpConfig::from_vars(vars(&[
+            ("OUTBOX_AMQP_URL", "amqp://u:secret@h:5673/v"),
+            ("OUTBOX_AMQP_TIMEOUT_MS", "250"),
+            ("OUTBOX_AMQP_EXCHANGE", "shop"),
+        ]))
         .unwrap();
         assert_eq!(c.timeout, Duration::from_millis(250));
         assert_eq!(c.routing.exchange(), "shop");
@@ -250,8 +330,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        let err = AmqpConfig::from_lookup(|n| (n == "OUTBOX_AMQP_TIMEOUT_MS").then(|| "x".into()))
-            .unwrap_err();
+        let err = AmqpConfig::from_vars(vars(&[("OUTBOX_AMQP_TIMEOUT_MS", "x")])).unwrap_err();
         assert!(err.to_string().contains("OUTBOX_AMQP_TIMEOUT_MS"), "{err}");
         let err = AmqpConfig::new("http://nope").validate().unwrap_err();
         assert!(err.to_string().contains("url"), "{err}");

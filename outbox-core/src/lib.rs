@@ -16,6 +16,7 @@ pub mod relay;
 pub mod retry;
 pub mod routing;
 mod secret;
+pub mod settings;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "test-utils")]

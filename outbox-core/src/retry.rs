@@ -8,14 +8,21 @@ use std::time::Duration;
 /// `min(max_delay, base_delay * 2^(n-1))`, then "equal jitter": a random value
 /// between half of that and all of it, so relays that failed together do not
 /// retry together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Deserialises from a table with the keys `max_attempts`, `base_delay` and
+/// `max_delay` (durations written like `500ms`, `30s`, `5m`), each optional: the
+/// `[retry]` section of the `outbox` binary's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts before an event is dead-lettered. Defaults to 8.
     pub max_attempts: u32,
     /// Delay after the first failure. Defaults to 1 s.
+    #[serde(deserialize_with = "crate::settings::duration")]
     pub base_delay: Duration,
     /// Upper bound of any delay. Defaults to 5 minutes.
+    #[serde(deserialize_with = "crate::settings::duration")]
     pub max_delay: Duration,
 }
 

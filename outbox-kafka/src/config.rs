@@ -1,10 +1,13 @@
 //! [`KafkaConfig`]: where to connect, how to route, how long to wait.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use pgoutbox_core::envelope::Envelope;
+use pgoutbox_core::settings::{EnvOverrides, HumanDuration, VarError, Vars};
 use rdkafka::config::ClientConfig;
+use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::publisher::KafkaPublisher;
@@ -27,6 +30,89 @@ pub const ENV_SASL_PASSWORD_FILE: &str = "OUTBOX_KAFKA_SASL_PASSWORD_FILE";
 /// Prefix of environment variables passed to librdkafka: `OUTBOX_KAFKA_RDKAFKA_SECURITY_PROTOCOL=SASL_SSL`
 /// sets `security.protocol` (name lower-cased, `_` turned into `.`).
 pub const ENV_RDKAFKA_PREFIX: &str = "OUTBOX_KAFKA_RDKAFKA_";
+
+/// Kafka settings as a configuration file or the environment writes them, every
+/// one optional (unset: the default of [`KafkaConfig`]; `brokers` is required).
+/// The `outbox` binary reads its `[broker.kafka]` section into this, lays the
+/// environment over it ([`EnvOverrides::with_env`]) and builds the config with
+/// [`KafkaConfig::from_settings`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct KafkaSettings {
+    /// The bootstrap servers, `host:port[,host:port...]`.
+    pub brokers: Option<String>,
+    /// [`KafkaConfig::topic_prefix`].
+    pub topic_prefix: Option<String>,
+    /// [`KafkaConfig::topic`].
+    pub topic: Option<String>,
+    /// [`KafkaConfig::delivery_timeout`], e.g. `"20s"`.
+    pub delivery_timeout: Option<HumanDuration>,
+    /// [`KafkaConfig::queue_timeout`], e.g. `"5s"`.
+    pub queue_timeout: Option<HumanDuration>,
+    /// A file holding the SASL password (`sasl.password`), e.g. a mounted secret.
+    pub sasl_password_file: Option<PathBuf>,
+    /// Create the topics this configuration names ([`KafkaConfig::named_topics`])
+    /// when missing, with this many partitions, before publishing
+    /// ([`KafkaConfig::ensure_topic`]; the `outbox` binary's `relay` and `migrate`
+    /// do), for clusters that do not create topics on first use. No environment
+    /// variable: a deployment decision.
+    pub create_topics_with_partitions: Option<i32>,
+    /// librdkafka properties ([`KafkaConfig::set`]), e.g. `"security.protocol" = "SASL_SSL"`.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl EnvOverrides for KafkaSettings {
+    type Error = Error;
+
+    /// These settings with `vars` laid over them: each variable that is set
+    /// replaces its setting.
+    ///
+    /// | variable | setting |
+    /// |---|---|
+    /// | `OUTBOX_KAFKA_BROKERS` | `brokers` |
+    /// | `OUTBOX_KAFKA_TOPIC_PREFIX` | `topic_prefix` |
+    /// | `OUTBOX_KAFKA_TOPIC` | `topic` |
+    /// | `OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS` | `delivery_timeout`, in milliseconds |
+    /// | `OUTBOX_KAFKA_QUEUE_TIMEOUT_MS` | `queue_timeout`, in milliseconds |
+    /// | `OUTBOX_KAFKA_SASL_PASSWORD_FILE` | `sasl_password_file` |
+    /// | `OUTBOX_KAFKA_RDKAFKA_<NAME>` | `properties`: `<name>` lower-cased, `_` turned into `.` |
+    fn with(mut self, vars: &Vars) -> Result<Self> {
+        let invalid = |e: VarError| Error::InvalidEnv {
+            var: e.var,
+            value: e.value,
+            reason: e.reason,
+        };
+        self.brokers = vars.text(ENV_BROKERS).or(self.brokers);
+        self.topic_prefix = vars.text(ENV_TOPIC_PREFIX).or(self.topic_prefix);
+        self.topic = vars.text(ENV_TOPIC).or(self.topic);
+        self.delivery_timeout = vars
+            .millis(ENV_DELIVERY_TIMEOUT_MS)
+            .map_err(invalid)?
+            .or(self.delivery_timeout);
+        self.queue_timeout = vars
+            .millis(ENV_QUEUE_TIMEOUT_MS)
+            .map_err(invalid)?
+            .or(self.queue_timeout);
+        self.sasl_password_file = vars
+            .path(ENV_SASL_PASSWORD_FILE)
+            .or(self.sasl_password_file);
+        for (name, value) in vars.with_prefix(ENV_RDKAFKA_PREFIX) {
+            if name.is_empty() {
+                return Err(Error::InvalidEnv {
+                    var: ENV_RDKAFKA_PREFIX.to_string(),
+                    value: value.to_string(),
+                    reason: "no librdkafka property name after the prefix".into(),
+                });
+            }
+            self.properties.insert(
+                name.to_ascii_lowercase().replace('_', "."),
+                value.to_string(),
+            );
+        }
+        Ok(self)
+    }
+}
 
 /// Configuration of a [`KafkaPublisher`]; [`KafkaConfig::build`] validates it and
 /// creates the producer.
@@ -85,67 +171,60 @@ impl KafkaConfig {
         }
     }
 
-    /// Read the configuration from the environment: [`ENV_BROKERS`] (required),
-    /// [`ENV_TOPIC_PREFIX`], [`ENV_TOPIC`], [`ENV_DELIVERY_TIMEOUT_MS`],
-    /// [`ENV_QUEUE_TIMEOUT_MS`], [`ENV_SASL_PASSWORD_FILE`] and any number of
-    /// `OUTBOX_KAFKA_RDKAFKA_*` settings (these win over the password file), and the
-    /// envelope ([`Envelope::from_lookup`]: `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`).
+    /// Read the configuration from the environment ([`KafkaSettings`]'s [`EnvOverrides::with`]
+    /// lists the variables; `OUTBOX_KAFKA_BROKERS` is required) and the envelope
+    /// ([`Envelope::from_lookup`]: `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`).
     pub fn from_env() -> Result<Self> {
         Self::from_vars(std::env::vars())
     }
 
     /// Like [`KafkaConfig::from_env`], from the given variables.
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
-        let vars: BTreeMap<String, String> = vars.into_iter().collect();
-        let brokers = vars
-            .get(ENV_BROKERS)
-            .filter(|v| !v.trim().is_empty())
-            .ok_or(Error::MissingEnv {
-                var: ENV_BROKERS,
-                what: "the Kafka bootstrap servers, e.g. 127.0.0.1:9092",
+        let vars = Vars::new(vars);
+        let settings = KafkaSettings::default().with(&vars)?;
+        let envelope =
+            Envelope::from_lookup(|name| vars.text(name)).map_err(|e| Error::InvalidConfig {
+                field: "envelope",
+                reason: e.to_string(),
             })?;
-        let mut config = Self::new(brokers.clone());
-        if let Some(prefix) = vars.get(ENV_TOPIC_PREFIX) {
+        Ok(Self::from_settings(&settings)?.envelope(envelope))
+    }
+
+    /// The configuration `settings` give (a configuration file's section, the
+    /// environment laid over it): `brokers` is required; the SASL password file
+    /// is read here, and `properties` win over it.
+    pub fn from_settings(settings: &KafkaSettings) -> Result<Self> {
+        let s = settings;
+        let brokers = s.brokers.clone().ok_or_else(|| Error::InvalidConfig {
+            field: "brokers",
+            reason: format!(
+                "not set: set it ({ENV_BROKERS}) to the bootstrap servers, e.g. 127.0.0.1:9092"
+            ),
+        })?;
+        let mut config = Self::new(brokers);
+        if let Some(prefix) = &s.topic_prefix {
             config = config.topic_prefix(prefix.clone());
         }
-        if let Some(topic) = vars.get(ENV_TOPIC).filter(|v| !v.is_empty()) {
+        if let Some(topic) = &s.topic {
             config = config.topic(topic.clone());
         }
-        if let Some(ms) = vars.get(ENV_DELIVERY_TIMEOUT_MS) {
-            config = config.delivery_timeout(parse_ms(ENV_DELIVERY_TIMEOUT_MS, ms)?);
+        if let Some(timeout) = s.delivery_timeout {
+            config = config.delivery_timeout(timeout.0);
         }
-        if let Some(ms) = vars.get(ENV_QUEUE_TIMEOUT_MS) {
-            config = config.queue_timeout(parse_ms(ENV_QUEUE_TIMEOUT_MS, ms)?);
+        if let Some(timeout) = s.queue_timeout {
+            config = config.queue_timeout(timeout.0);
         }
-        if let Some(path) = vars
-            .get(ENV_SASL_PASSWORD_FILE)
-            .filter(|v| !v.trim().is_empty())
-        {
-            let password = pgoutbox_core::read_secret_file(std::path::Path::new(path.trim()))
-                .map_err(|e| Error::InvalidEnv {
-                    var: ENV_SASL_PASSWORD_FILE.to_string(),
-                    value: path.clone(),
+        if let Some(path) = &s.sasl_password_file {
+            let password =
+                pgoutbox_core::read_secret_file(path).map_err(|e| Error::InvalidEnv {
+                    var: format!("sasl_password_file ({ENV_SASL_PASSWORD_FILE})"),
+                    value: path.display().to_string(),
                     reason: e.to_string(),
                 })?;
             config = config.set("sasl.password", password);
         }
-        config.envelope = Envelope::from_lookup(|name| vars.get(name).cloned()).map_err(|e| {
-            Error::InvalidConfig {
-                field: "envelope",
-                reason: e.to_string(),
-            }
-        })?;
-        for (var, value) in &vars {
-            if let Some(name) = var.strip_prefix(ENV_RDKAFKA_PREFIX) {
-                if name.is_empty() {
-                    return Err(Error::InvalidEnv {
-                        var: var.clone(),
-                        value: value.clone(),
-                        reason: "no librdkafka property name after the prefix".into(),
-                    });
-                }
-                config = config.set(name.to_ascii_lowercase().replace('_', "."), value.clone());
-            }
+        for (name, value) in &s.properties {
+            config = config.set(name.clone(), value.clone());
         }
         Ok(config)
     }
@@ -308,18 +387,6 @@ impl KafkaConfig {
     }
 }
 
-fn parse_ms(var: &str, value: &str) -> Result<Duration> {
-    value
-        .trim()
-        .parse::<u64>()
-        .map(Duration::from_millis)
-        .map_err(|e| Error::InvalidEnv {
-            var: var.to_string(),
-            value: value.to_string(),
-            reason: format!("not a number of milliseconds: {e}"),
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,6 +416,36 @@ mod tests {
         assert_eq!(client.get("enable.idempotence"), Some("true"));
         assert_eq!(client.get("acks"), Some("all"));
         assert_eq!(client.get("message.timeout.ms"), Some("1500"));
+    }
+
+    #[test]
+    fn the_environment_wins_over_the_file() {
+        let file: KafkaSettings = toml::from_str(
+            r#"
+            brokers = "file:9092"
+            topic = "events"
+            queue_timeout = "2s"
+            create_topics_with_partitions = 3
+            [properties]
+            "compression.type" = "gzip"
+            "linger.ms" = "5"
+            "#,
+        )
+        .unwrap();
+        let settings = file
+            .with_vars(vars(&[
+                (ENV_BROKERS, "env:9092"),
+                ("OUTBOX_KAFKA_RDKAFKA_COMPRESSION_TYPE", "lz4"),
+            ]))
+            .unwrap();
+        assert_eq!(settings.create_topics_with_partitions, Some(3));
+        let config = KafkaConfig::from_settings(&settings).unwrap();
+        assert_eq!(config.brokers(), "env:9092");
+        assert_eq!(config.queue_timeout, Duration::from_secs(2));
+        assert_eq!(config.named_topics(), ["events"]);
+        let client = config.client_config().unwrap();
+        assert_eq!(client.get("compression.type"), Some("lz4"));
+        assert_eq!(client.get("linger.ms"), Some("5"));
     }
 
     #[test]

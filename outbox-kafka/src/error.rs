@@ -9,14 +9,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A required environment variable is not set.
-    #[error("environment variable {var} is not set; it must name {what}")]
-    MissingEnv {
-        /// The variable.
-        var: &'static str,
-        /// What it should contain.
-        what: &'static str,
-    },
     /// An environment variable has a value that cannot be used.
     #[error("environment variable {var}={value:?} is invalid: {reason}")]
     InvalidEnv {

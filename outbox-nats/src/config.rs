@@ -7,6 +7,8 @@ use std::time::Duration;
 use async_nats::ServerAddr;
 use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::redact_url;
+use pgoutbox_core::settings::{EnvOverrides, HumanDuration, VarError, Vars};
+use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::publisher::NatsPublisher;
@@ -99,6 +101,105 @@ pub struct NatsConfig {
     pub envelope: Envelope,
 }
 
+/// NATS settings as a configuration file or the environment writes them, every
+/// one optional (unset: the default of [`NatsConfig`]). The `outbox` binary reads
+/// its `[broker.nats]` section into this, lays the environment over it
+/// ([`EnvOverrides::with_env`]) and builds the config with
+/// [`NatsConfig::from_settings`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct NatsSettings {
+    /// [`NatsConfig::url`].
+    pub url: Option<String>,
+    /// Prefix of the default [`SubjectRouting`].
+    pub subject_prefix: Option<String>,
+    /// [`NatsConfig::timeout`], e.g. `"5s"`.
+    pub timeout: Option<HumanDuration>,
+    /// [`NatsConfig::max_in_flight`].
+    pub max_in_flight: Option<usize>,
+    /// [`NatsConfig::client_name`].
+    pub client_name: Option<String>,
+    /// User of [`NatsConfig::user_password`].
+    pub user: Option<String>,
+    /// Password of [`NatsConfig::user_password`].
+    pub password: Option<String>,
+    /// [`NatsConfig::token`].
+    pub token: Option<String>,
+    /// The password, read from this file (a mounted secret).
+    pub password_file: Option<PathBuf>,
+    /// The token, read from this file (a mounted secret).
+    pub token_file: Option<PathBuf>,
+    /// [`NatsConfig::tls_required`].
+    pub tls_required: Option<bool>,
+    /// [`NatsConfig::tls_ca_file`].
+    pub tls_ca: Option<PathBuf>,
+    /// Certificate of [`NatsConfig::tls_client_cert`].
+    pub tls_cert: Option<PathBuf>,
+    /// Key of [`NatsConfig::tls_client_cert`].
+    pub tls_key: Option<PathBuf>,
+    /// [`NatsConfig::credentials_file`].
+    pub creds: Option<PathBuf>,
+    /// [`NatsConfig::nkey_seed_file`].
+    pub nkey_file: Option<PathBuf>,
+    /// A JetStream stream to create (or update) over the subjects before
+    /// publishing ([`NatsPublisher::ensure_stream`]); the `outbox` binary's
+    /// `relay` and `migrate` do. No environment variable: a deployment decision.
+    pub ensure_stream: Option<String>,
+}
+
+impl EnvOverrides for NatsSettings {
+    type Error = Error;
+
+    /// These settings with `vars` laid over them: each variable that is set
+    /// replaces its setting.
+    ///
+    /// | variable | setting |
+    /// |---|---|
+    /// | `OUTBOX_NATS_URL` | `url` |
+    /// | `OUTBOX_NATS_SUBJECT_PREFIX` | `subject_prefix` |
+    /// | `OUTBOX_NATS_TIMEOUT_MS` | `timeout`, in milliseconds |
+    /// | `OUTBOX_NATS_MAX_IN_FLIGHT` | `max_in_flight` |
+    /// | `OUTBOX_NATS_CLIENT_NAME` | `client_name` |
+    /// | `OUTBOX_NATS_USER`, `OUTBOX_NATS_PASSWORD` | `user`, `password` |
+    /// | `OUTBOX_NATS_TOKEN` | `token` |
+    /// | `OUTBOX_NATS_PASSWORD_FILE`, `OUTBOX_NATS_TOKEN_FILE` | `password_file`, `token_file` |
+    /// | `OUTBOX_NATS_TLS_REQUIRED` | `tls_required`, `true` or `false` |
+    /// | `OUTBOX_NATS_TLS_CA` | `tls_ca` |
+    /// | `OUTBOX_NATS_TLS_CERT`, `OUTBOX_NATS_TLS_KEY` | `tls_cert`, `tls_key` |
+    /// | `OUTBOX_NATS_CREDS` | `creds` |
+    /// | `OUTBOX_NATS_NKEY_FILE` | `nkey_file` |
+    fn with(mut self, vars: &Vars) -> Result<Self> {
+        self.url = vars.text(ENV_URL).or(self.url);
+        self.subject_prefix = vars.text(ENV_SUBJECT_PREFIX).or(self.subject_prefix);
+        self.timeout = vars.millis(ENV_TIMEOUT_MS).map_err(var)?.or(self.timeout);
+        self.max_in_flight = vars
+            .parse(ENV_MAX_IN_FLIGHT)
+            .map_err(var)?
+            .or(self.max_in_flight);
+        self.client_name = vars.text(ENV_CLIENT_NAME).or(self.client_name);
+        self.user = vars.text(ENV_USER).or(self.user);
+        self.password = vars.text(ENV_PASSWORD).or(self.password);
+        self.token = vars.text(ENV_TOKEN).or(self.token);
+        self.password_file = vars.path(ENV_PASSWORD_FILE).or(self.password_file);
+        self.token_file = vars.path(ENV_TOKEN_FILE).or(self.token_file);
+        self.tls_required = vars
+            .parse(ENV_TLS_REQUIRED)
+            .map_err(var)?
+            .or(self.tls_required);
+        self.tls_ca = vars.path(ENV_TLS_CA).or(self.tls_ca);
+        self.tls_cert = vars.path(ENV_TLS_CERT).or(self.tls_cert);
+        self.tls_key = vars.path(ENV_TLS_KEY).or(self.tls_key);
+        self.creds = vars.path(ENV_CREDS).or(self.creds);
+        self.nkey_file = vars.path(ENV_NKEY_FILE).or(self.nkey_file);
+        Ok(self)
+    }
+}
+
+fn var(e: VarError) -> Error {
+    Error::config(e.var, format!("`{}`: {}", e.value, e.reason))
+}
+
 impl std::fmt::Debug for NatsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsConfig")
@@ -145,85 +246,83 @@ impl NatsConfig {
         }
     }
 
-    /// Defaults overridden by the environment:
-    ///
-    /// | variable | setting |
-    /// |---|---|
-    /// | `OUTBOX_NATS_URL` | [`NatsConfig::url`] |
-    /// | `OUTBOX_NATS_SUBJECT_PREFIX` | prefix of the default [`SubjectRouting`] |
-    /// | `OUTBOX_NATS_TIMEOUT_MS` | [`NatsConfig::timeout`], milliseconds |
-    /// | `OUTBOX_NATS_MAX_IN_FLIGHT` | [`NatsConfig::max_in_flight`] |
-    /// | `OUTBOX_NATS_CLIENT_NAME` | [`NatsConfig::client_name`] |
-    /// | `OUTBOX_NATS_USER`, `OUTBOX_NATS_PASSWORD` | [`NatsConfig::user_password`] |
-    /// | `OUTBOX_NATS_TOKEN` | [`NatsConfig::token`] |
-    /// | `OUTBOX_NATS_PASSWORD_FILE`, `OUTBOX_NATS_TOKEN_FILE` | the password or token, read from a file (a mounted secret) |
-    /// | `OUTBOX_NATS_TLS_REQUIRED` | [`NatsConfig::tls_required`], `true` or `false` |
-    /// | `OUTBOX_NATS_TLS_CA` | [`NatsConfig::tls_ca_file`] |
-    /// | `OUTBOX_NATS_TLS_CERT`, `OUTBOX_NATS_TLS_KEY` | [`NatsConfig::tls_client_cert`] |
-    /// | `OUTBOX_NATS_CREDS` | [`NatsConfig::credentials_file`] |
-    /// | `OUTBOX_NATS_NKEY_FILE` | [`NatsConfig::nkey_seed_file`] |
-    /// | `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*` | [`NatsConfig::envelope`] ([`Envelope::from_lookup`]) |
-    ///
-    /// Unset or empty variables keep the default; unparsable ones are an error.
+    /// Defaults overridden by the environment ([`NatsSettings`]'s [`EnvOverrides::with`] lists
+    /// the `OUTBOX_NATS_*` variables), and the envelope: `OUTBOX_ENVELOPE`,
+    /// `OUTBOX_CLOUDEVENTS_*` ([`Envelope::from_lookup`]). Unset or empty
+    /// variables keep the default; unparsable ones are an error.
     pub fn from_env() -> Result<Self> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_vars(std::env::vars())
     }
 
-    /// Like [`NatsConfig::from_env`], from the given variables (e.g. a config file's
-    /// values overlaid by the environment).
+    /// Like [`NatsConfig::from_env`], from the given variables.
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
-        let vars: std::collections::HashMap<String, String> = vars.into_iter().collect();
-        Self::from_lookup(|name| vars.get(name).cloned())
+        let vars = Vars::new(vars);
+        let settings = NatsSettings::default().with(&vars)?;
+        let envelope = Envelope::from_lookup(|name| vars.text(name))
+            .map_err(|e| Error::config("envelope", e.to_string()))?;
+        Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 
-    pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let var = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+    /// Defaults overridden by `settings` (a configuration file's section, the
+    /// environment laid over it). Secrets given as files are read here; a
+    /// setting that needs its partner (user and password, certificate and key)
+    /// is refused alone.
+    pub fn from_settings(settings: &NatsSettings) -> Result<Self> {
+        let s = settings;
         let mut config = Self::default();
-        if let Some(url) = var(ENV_URL) {
-            config.url = url;
+        if let Some(url) = &s.url {
+            config.url.clone_from(url);
         }
-        if let Some(prefix) = var(ENV_SUBJECT_PREFIX) {
-            config.routing = SubjectRouting::new(prefix);
+        if let Some(prefix) = &s.subject_prefix {
+            config.routing = SubjectRouting::new(prefix.clone());
         }
-        if let Some(ms) = var(ENV_TIMEOUT_MS) {
-            config.timeout = Duration::from_millis(parse(ENV_TIMEOUT_MS, &ms)?);
+        if let Some(timeout) = s.timeout {
+            config.timeout = timeout.0;
         }
-        if let Some(n) = var(ENV_MAX_IN_FLIGHT) {
-            config.max_in_flight = parse(ENV_MAX_IN_FLIGHT, &n)?;
+        if let Some(n) = s.max_in_flight {
+            config.max_in_flight = n;
         }
-        if let Some(name) = var(ENV_CLIENT_NAME) {
-            config.client_name = name;
+        if let Some(name) = &s.client_name {
+            config.client_name.clone_from(name);
         }
-        let password = value_or_file(&var, ENV_PASSWORD, ENV_PASSWORD_FILE)?;
-        match (var(ENV_USER), password) {
-            (Some(user), Some(password)) => config.user_password = Some((user, password)),
-            (None, None) => {}
-            _ => {
-                return Err(Error::config(
-                    "OUTBOX_NATS_USER/OUTBOX_NATS_PASSWORD",
-                    "set both or neither",
-                ))
-            }
-        }
-        config.token = value_or_file(&var, ENV_TOKEN, ENV_TOKEN_FILE)?;
-        if let Some(flag) = var(ENV_TLS_REQUIRED) {
-            config.tls_required = parse(ENV_TLS_REQUIRED, &flag)?;
-        }
-        config.tls_ca_file = var(ENV_TLS_CA).map(PathBuf::from);
-        config.tls_client_cert = match (var(ENV_TLS_CERT), var(ENV_TLS_KEY)) {
-            (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+        let password = value_or_file(
+            (s.password.as_ref(), "password", ENV_PASSWORD),
+            (
+                s.password_file.as_deref(),
+                "password_file",
+                ENV_PASSWORD_FILE,
+            ),
+        )?;
+        config.user_password = match (s.user.clone(), password) {
+            (Some(user), Some(password)) => Some((user, password)),
             (None, None) => None,
             _ => {
                 return Err(Error::config(
-                    "OUTBOX_NATS_TLS_CERT/OUTBOX_NATS_TLS_KEY",
+                    format!("user ({ENV_USER}) and password ({ENV_PASSWORD})"),
                     "set both or neither",
                 ))
             }
         };
-        config.credentials_file = var(ENV_CREDS).map(PathBuf::from);
-        config.nkey_seed_file = var(ENV_NKEY_FILE).map(PathBuf::from);
-        config.envelope =
-            Envelope::from_lookup(var).map_err(|e| Error::config("envelope", e.to_string()))?;
+        config.token = value_or_file(
+            (s.token.as_ref(), "token", ENV_TOKEN),
+            (s.token_file.as_deref(), "token_file", ENV_TOKEN_FILE),
+        )?;
+        if let Some(required) = s.tls_required {
+            config.tls_required = required;
+        }
+        config.tls_ca_file.clone_from(&s.tls_ca);
+        config.tls_client_cert = match (s.tls_cert.clone(), s.tls_key.clone()) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::config(
+                    format!("tls_cert ({ENV_TLS_CERT}) and tls_key ({ENV_TLS_KEY})"),
+                    "set both or neither",
+                ))
+            }
+        };
+        config.credentials_file.clone_from(&s.creds);
+        config.nkey_seed_file.clone_from(&s.nkey_file);
         Ok(config)
     }
 
@@ -388,22 +487,21 @@ impl NatsConfig {
     }
 }
 
-/// A secret given in the variable `name` itself or kept in the file the variable
-/// `file_name` names (a mounted secret); setting both is an error.
+/// A secret given as a setting or kept in a file (a mounted secret); setting
+/// both is an error. Each side: the value, its key and its variable.
 fn value_or_file(
-    var: &impl Fn(&str) -> Option<String>,
-    name: &str,
-    file_name: &str,
+    value: (Option<&String>, &str, &str),
+    file: (Option<&Path>, &str, &str),
 ) -> Result<Option<String>> {
-    match (var(name), var(file_name)) {
+    match (value.0, file.0) {
         (Some(_), Some(_)) => Err(Error::config(
-            format!("{name}/{file_name}"),
+            format!("{} ({}) and {} ({})", value.1, value.2, file.1, file.2),
             "set one, not both",
         )),
-        (Some(value), None) => Ok(Some(value)),
-        (None, Some(path)) => pgoutbox_core::read_secret_file(Path::new(&path))
+        (Some(value), None) => Ok(Some(value.clone())),
+        (None, Some(path)) => pgoutbox_core::read_secret_file(path)
             .map(Some)
-            .map_err(|e| Error::config(file_name, e.to_string())),
+            .map_err(|e| Error::config(format!("{} ({})", file.1, file.2), e.to_string())),
         (None, None) => Ok(None),
     }
 }
@@ -414,28 +512,24 @@ pub(crate) fn read_nkey_seed(path: &Path) -> Result<String> {
         .map_err(|e| Error::config("nkey_seed_file", e.to_string()))
 }
 
-fn parse<T: FromStr>(var: &str, value: &str) -> Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    value
-        .trim()
-        .parse()
-        .map_err(|e| Error::config(var, format!("`{value}`: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     #[test]
     fn env_overrides_defaults() {
-        let c = NatsConfig::from_lookup(|name| match name {
-            "OUTBOX_NATS_URL" => Some("nats://a:1,nats://b:2".into()),
-            "OUTBOX_NATS_TIMEOUT_MS" => Some("250".into()),
-            "OUTBOX_NATS_SUBJECT_PREFIX" => Some("shop".into()),
-            _ => None,
-        })
+        let c = NatsConfig::from_vars(vars(&[
+            ("OUTBOX_NATS_URL", "nats://a:1,nats://b:2"),
+            ("OUTBOX_NATS_TIMEOUT_MS", "250"),
+            ("OUTBOX_NATS_SUBJECT_PREFIX", "shop"),
+        ]))
         .unwrap();
         assert_eq!(c.timeout, Duration::from_millis(250));
         assert_eq!(c.routing.prefix(), "shop");
@@ -443,39 +537,63 @@ mod tests {
     }
 
     #[test]
+    fn the_environment_wins_over_the_file_and_blank_values_are_unset() {
+        let file: NatsSettings = toml::from_str(
+            r#"
+            url = "nats://file:4222"
+            timeout = "3s"
+            client_name = "from-file"
+            ensure_stream = "EVENTS"
+            "#,
+        )
+        .unwrap();
+        let settings = file
+            .with_vars(vars(&[
+                ("OUTBOX_NATS_URL", "nats://env:4222"),
+                ("OUTBOX_NATS_CLIENT_NAME", " "),
+            ]))
+            .unwrap();
+        let c = NatsConfig::from_settings(&settings).unwrap();
+        assert_eq!(c.url, "nats://env:4222");
+        assert_eq!(c.client_name, "from-file");
+        assert_eq!(c.timeout, Duration::from_secs(3));
+        assert_eq!(settings.ensure_stream.as_deref(), Some("EVENTS"));
+        let err = toml::from_str::<NatsSettings>("urll = \"x\"").unwrap_err();
+        assert!(err.to_string().contains("urll"), "{err}");
+    }
+
+    #[test]
     fn a_secret_comes_from_its_variable_or_its_file_never_both() {
-        let both = NatsConfig::from_lookup(|name| match name {
-            "OUTBOX_NATS_TOKEN" | "OUTBOX_NATS_TOKEN_FILE" => Some("x".into()),
-            _ => None,
-        })
-        .unwrap_err();
+        let both = NatsConfig::from_vars(vars(&[
+            ("OUTBOX_NATS_TOKEN", "x"),
+            ("OUTBOX_NATS_TOKEN_FILE", "x"),
+        ]))
+        .unwrap_err()
+        .to_string();
         assert!(
-            both.to_string()
-                .contains("OUTBOX_NATS_TOKEN/OUTBOX_NATS_TOKEN_FILE: set one, not both"),
+            both.contains("OUTBOX_NATS_TOKEN)")
+                && both.contains("OUTBOX_NATS_TOKEN_FILE")
+                && both.contains("set one, not both"),
             "{both}"
         );
-        let missing = NatsConfig::from_lookup(|name| match name {
-            "OUTBOX_NATS_USER" => Some("u".into()),
-            "OUTBOX_NATS_PASSWORD_FILE" => Some("/nonexistent/password".into()),
-            _ => None,
-        })
-        .unwrap_err();
+        let missing = NatsConfig::from_vars(vars(&[
+            ("OUTBOX_NATS_USER", "u"),
+            ("OUTBOX_NATS_PASSWORD_FILE", "/nonexistent/password"),
+        ]))
+        .unwrap_err()
+        .to_string();
         assert!(
-            missing.to_string().contains("OUTBOX_NATS_PASSWORD_FILE")
-                && missing.to_string().contains("/nonexistent/password"),
+            missing.contains("OUTBOX_NATS_PASSWORD_FILE")
+                && missing.contains("/nonexistent/password"),
             "{missing}"
         );
     }
 
     #[test]
     fn bad_values_are_named() {
-        let err = NatsConfig::from_lookup(|name| {
-            (name == "OUTBOX_NATS_TIMEOUT_MS").then(|| "soon".to_string())
-        })
-        .unwrap_err();
+        let err = NatsConfig::from_vars(vars(&[("OUTBOX_NATS_TIMEOUT_MS", "soon")])).unwrap_err();
         assert!(err.to_string().contains("OUTBOX_NATS_TIMEOUT_MS"), "{err}");
-        let err = NatsConfig::from_lookup(|name| (name == "OUTBOX_NATS_USER").then(|| "u".into()))
-            .unwrap_err();
+        let err = NatsConfig::from_vars(vars(&[("OUTBOX_NATS_USER", "u")])).unwrap_err();
         assert!(err.to_string().contains("OUTBOX_NATS_PASSWORD"), "{err}");
         assert!(NatsConfig::new("nats://host:notaport").validate().is_err());
         assert!(NatsConfig::new(" , ").validate().is_err());

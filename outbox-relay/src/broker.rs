@@ -1,8 +1,9 @@
 //! The broker the relay publishes to, chosen by `broker.kind` / `OUTBOX_BROKER`.
 //!
-//! Each adapter reads its own `OUTBOX_<BROKER>_*` variables (`from_vars`); keys of the
-//! `[broker.<kind>]` section are the defaults of those variables, so the environment
-//! wins over the file as everywhere else. Routing rules come from `[routing]`.
+//! The `[broker.<kind>]` section is the adapter's own settings type; the adapter
+//! lays its `OUTBOX_<BROKER>_*` variables over it (`with_env`: the environment wins
+//! over the file, as everywhere else) and builds its typed config from the result
+//! (`from_settings`). Routing rules come from `[routing]`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -11,6 +12,8 @@ use std::sync::Arc;
 
 use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::layer::{MetricsLayer, PublisherExt};
+#[cfg(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs"))]
+use pgoutbox_core::settings::EnvOverrides;
 use pgoutbox_core::{DynPublisher, Publisher, StdoutPublisher};
 
 use crate::config::{BrokerSection, RoutingSection, Settings};
@@ -66,6 +69,11 @@ pub(crate) fn is_built_in(kind: &str) -> bool {
 /// section of a custom broker: a misspelt key or section is an error.
 pub(crate) fn check_sections(settings: &Settings, custom: &CustomBrokers) -> Result<(), Failure> {
     for (key, value) in &settings.broker.custom {
+        // A built-in broker's section in a binary without it: read only if chosen,
+        // and then `Spec::read` says it is not compiled in.
+        if is_built_in(key) && value.is_table() {
+            continue;
+        }
         match (custom.contains_key(key), value.is_table()) {
             (true, true) => {}
             (true, false) => {
@@ -147,8 +155,8 @@ pub(crate) fn compiled() -> Vec<&'static str> {
 }
 
 impl Spec {
-    /// Read the broker's configuration. Call before any thread is started: the file's
-    /// `[broker.<kind>]` keys become defaults of the adapter's environment variables.
+    /// Read the broker's configuration: the file's `[broker.<kind>]` section with
+    /// the adapter's environment variables laid over it.
     pub(crate) fn read(settings: &Settings, custom: &CustomBrokers) -> Result<Self, Failure> {
         let kind = settings.broker.kind.trim();
         if let Some(factory) = custom.get(kind) {
@@ -220,6 +228,7 @@ impl Spec {
     /// (`outbox check` leaves them alone). The publisher reports its calls as
     /// `outbox_publisher_*` metrics labelled with the broker's name ([`MetricsLayer`]).
     pub(crate) async fn build(self, prepare: Prepare) -> Result<BrokerPublisher, Failure> {
+        #[cfg_attr(not(any(feature = "nats", feature = "kafka")), allow(unused_variables))]
         let prepare = prepare == Prepare::Yes;
         let metrics = MetricsLayer::new(self.name());
         let publisher: BrokerPublisher = match self {
@@ -279,43 +288,6 @@ fn invalid(e: impl std::fmt::Display) -> Failure {
     Failure::config(format!("broker: {e}"))
 }
 
-/// The adapter's variables: the process environment, with the config file's values
-/// as defaults for those the environment does not set (the environment wins).
-#[cfg_attr(
-    not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
-    allow(dead_code)
-)]
-struct Vars(std::collections::BTreeMap<String, String>);
-
-#[cfg_attr(
-    not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
-    allow(dead_code)
-)]
-impl Vars {
-    fn from_env() -> Self {
-        Self(std::env::vars().collect())
-    }
-
-    fn default(&mut self, name: &str, value: Option<String>) {
-        let set = self.0.get(name).is_some_and(|v| !v.trim().is_empty());
-        if let (false, Some(value)) = (set, value) {
-            self.0.insert(name.to_string(), value);
-        }
-    }
-
-    fn take(&mut self) -> std::collections::BTreeMap<String, String> {
-        std::mem::take(&mut self.0)
-    }
-}
-
-#[cfg_attr(
-    not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
-    allow(dead_code)
-)]
-fn millis(d: Option<crate::config::Dur>) -> Option<String> {
-    d.map(|d| d.0.as_millis().to_string())
-}
-
 #[cfg_attr(
     not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
     allow(unused_variables)
@@ -327,41 +299,12 @@ fn read_kind(
     envelope: &Envelope,
 ) -> Result<Spec, Failure> {
     let bad = |e: &dyn std::fmt::Display| Failure::config(format!("broker {kind}: {e}"));
-    #[cfg_attr(
-        not(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "sqs")),
-        allow(unused_mut, unused_variables)
-    )]
-    let mut vars = Vars::from_env();
     match kind {
         #[cfg(feature = "nats")]
         "nats" => {
-            let file = &broker.nats;
-            vars.default(pgoutbox_nats::ENV_URL, file.url.clone());
-            vars.default(
-                pgoutbox_nats::ENV_SUBJECT_PREFIX,
-                file.subject_prefix.clone(),
-            );
-            vars.default(pgoutbox_nats::ENV_TIMEOUT_MS, millis(file.timeout));
-            vars.default(
-                pgoutbox_nats::ENV_MAX_IN_FLIGHT,
-                file.max_in_flight.map(|n| n.to_string()),
-            );
-            vars.default(pgoutbox_nats::ENV_CLIENT_NAME, file.client_name.clone());
-            vars.default(pgoutbox_nats::ENV_USER, file.user.clone());
-            vars.default(pgoutbox_nats::ENV_PASSWORD, file.password.clone());
-            vars.default(pgoutbox_nats::ENV_TOKEN, file.token.clone());
-            vars.default(pgoutbox_nats::ENV_PASSWORD_FILE, file.password_file.clone());
-            vars.default(pgoutbox_nats::ENV_TOKEN_FILE, file.token_file.clone());
-            vars.default(
-                pgoutbox_nats::ENV_TLS_REQUIRED,
-                file.tls_required.map(|b| b.to_string()),
-            );
-            vars.default(pgoutbox_nats::ENV_TLS_CA, file.tls_ca.clone());
-            vars.default(pgoutbox_nats::ENV_TLS_CERT, file.tls_cert.clone());
-            vars.default(pgoutbox_nats::ENV_TLS_KEY, file.tls_key.clone());
-            vars.default(pgoutbox_nats::ENV_CREDS, file.creds.clone());
-            vars.default(pgoutbox_nats::ENV_NKEY_FILE, file.nkey_file.clone());
-            let config = pgoutbox_nats::NatsConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
+            let settings = broker.nats.clone().with_env().map_err(|e| bad(&e))?;
+            let config =
+                pgoutbox_nats::NatsConfig::from_settings(&settings).map_err(|e| bad(&e))?;
             let mut rules = pgoutbox_nats::SubjectRouting::new(config.routing.prefix());
             for (event_type, subject) in &routing.event_type {
                 rules = rules.event_type(event_type, subject);
@@ -371,21 +314,13 @@ fn read_kind(
             }
             let config = config.routing(rules).envelope(envelope.clone());
             config.validate().map_err(|e| bad(&e))?;
-            Ok(Spec::Nats(config, file.ensure_stream.clone()))
+            Ok(Spec::Nats(config, settings.ensure_stream))
         }
         #[cfg(feature = "amqp")]
         "amqp" => {
-            let file = &broker.amqp;
-            vars.default(pgoutbox_amqp::ENV_URL, file.url.clone());
-            vars.default(pgoutbox_amqp::ENV_EXCHANGE, file.exchange.clone());
-            vars.default(pgoutbox_amqp::ENV_TIMEOUT_MS, millis(file.timeout));
-            vars.default(
-                pgoutbox_amqp::ENV_CONNECTION_NAME,
-                file.connection_name.clone(),
-            );
-            vars.default(pgoutbox_amqp::ENV_PASSWORD_FILE, file.password_file.clone());
-            vars.default(pgoutbox_amqp::ENV_TLS_CA, file.tls_ca.clone());
-            let config = pgoutbox_amqp::AmqpConfig::from_vars(vars.take()).map_err(|e| bad(&e))?;
+            let settings = broker.amqp.clone().with_env().map_err(|e| bad(&e))?;
+            let config =
+                pgoutbox_amqp::AmqpConfig::from_settings(&settings).map_err(|e| bad(&e))?;
             let exchange = config.routing.exchange().to_string();
             let mut rules = pgoutbox_amqp::AmqpRouting::new(exchange.clone());
             // A destination is `exchange/routing_key`, or a routing key on the default exchange.
@@ -407,36 +342,17 @@ fn read_kind(
         }
         #[cfg(feature = "kafka")]
         "kafka" => {
-            use pgoutbox_kafka::{
-                ENV_BROKERS, ENV_DELIVERY_TIMEOUT_MS, ENV_QUEUE_TIMEOUT_MS, ENV_RDKAFKA_PREFIX,
-                ENV_SASL_PASSWORD_FILE, ENV_TOPIC, ENV_TOPIC_PREFIX,
-            };
-            let file = &broker.kafka;
-            vars.default(ENV_BROKERS, file.brokers.clone());
-            vars.default(ENV_TOPIC_PREFIX, file.topic_prefix.clone());
-            vars.default(ENV_TOPIC, file.topic.clone());
-            vars.default(ENV_DELIVERY_TIMEOUT_MS, millis(file.delivery_timeout));
-            vars.default(ENV_QUEUE_TIMEOUT_MS, millis(file.queue_timeout));
-            vars.default(ENV_SASL_PASSWORD_FILE, file.sasl_password_file.clone());
-            let mut config = pgoutbox_kafka::KafkaConfig::from_vars(vars.take())
+            let settings = broker.kafka.clone().with_env().map_err(|e| bad(&e))?;
+            let mut config = pgoutbox_kafka::KafkaConfig::from_settings(&settings)
                 .map_err(|e| bad(&e))?
                 .envelope(envelope.clone());
-            for (key, value) in &file.properties {
-                let var = format!(
-                    "{ENV_RDKAFKA_PREFIX}{}",
-                    key.to_ascii_uppercase().replace('.', "_")
-                );
-                if std::env::var(&var).is_err() {
-                    config = config.set(key, value);
-                }
-            }
             for (event_type, topic) in &routing.event_type {
                 config = config.route_event_type(event_type, topic);
             }
             for (aggregate_type, topic) in &routing.aggregate_type {
                 config = config.route_aggregate_type(aggregate_type, topic);
             }
-            match file.create_topics_with_partitions {
+            match settings.create_topics_with_partitions {
                 Some(n) if n < 1 => Err(bad(&format!(
                     "create_topics_with_partitions = {n}: expected at least 1"
                 ))),
@@ -448,18 +364,9 @@ fn read_kind(
         }
         #[cfg(feature = "sqs")]
         "sqs" => {
-            use pgoutbox_sqs::{
-                ENV_ENDPOINT, ENV_QUEUE, ENV_QUEUE_PREFIX, ENV_REGION, ENV_TIMEOUT_MS,
-            };
-            let file = &broker.sqs;
-            vars.default(ENV_QUEUE, file.queue.clone());
-            vars.default(ENV_QUEUE_PREFIX, file.queue_prefix.clone());
-            vars.default(ENV_ENDPOINT, file.endpoint.clone());
-            vars.default(ENV_REGION, file.region.clone());
-            vars.default(ENV_TIMEOUT_MS, millis(file.timeout));
-            let mut config = pgoutbox_sqs::SqsConfig::from_vars(vars.take())
-                .map_err(|e| bad(&e))?
-                .envelope(envelope.clone());
+            let settings = broker.sqs.clone().with_env().map_err(|e| bad(&e))?;
+            let mut config =
+                pgoutbox_sqs::SqsConfig::from_settings(&settings).envelope(envelope.clone());
             for (event_type, queue) in &routing.event_type {
                 config = config.route_event_type(event_type, queue);
             }
@@ -474,31 +381,5 @@ fn read_kind(
             }
             Ok(Spec::Stdout)
         }
-    }
-}
-
-#[cfg(test)]
-mod vars_tests {
-    use super::Vars;
-
-    #[test]
-    fn environment_wins_over_the_file_and_empty_values_count_as_unset() {
-        let mut vars = Vars(
-            [
-                ("OUTBOX_X_URL".to_string(), "from-env".to_string()),
-                ("OUTBOX_X_NAME".to_string(), " ".to_string()),
-            ]
-            .into_iter()
-            .collect(),
-        );
-        vars.default("OUTBOX_X_URL", Some("from-file".into()));
-        vars.default("OUTBOX_X_NAME", Some("file-name".into()));
-        vars.default("OUTBOX_X_TIMEOUT_MS", Some("500".into()));
-        vars.default("OUTBOX_X_USER", None);
-        let map = vars.take();
-        assert_eq!(map["OUTBOX_X_URL"], "from-env");
-        assert_eq!(map["OUTBOX_X_NAME"], "file-name");
-        assert_eq!(map["OUTBOX_X_TIMEOUT_MS"], "500");
-        assert!(!map.contains_key("OUTBOX_X_USER"));
     }
 }

@@ -4,7 +4,6 @@
 //! Unknown keys are errors, so a misspelt setting never silently keeps its default.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,38 +16,11 @@ use serde::{Deserialize, Deserializer};
 use crate::failure::Failure;
 
 /// A duration written like `100ms`, `30s`, `5m`, `2h` or `7d`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Dur(pub(crate) Duration);
-
-impl Dur {
-    const fn secs(s: u64) -> Self {
-        Self(Duration::from_secs(s))
-    }
-}
-
-impl fmt::Display for Dur {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", humantime::format_duration(self.0))
-    }
-}
+pub(crate) use pgoutbox_core::settings::HumanDuration as Dur;
 
 /// Parse `10m`, `2h`, `1h 30m`, `500ms`; `0` is zero.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(text)
-        .map_err(|e| format!("invalid duration `{text}` ({e}); write e.g. 500ms, 30s, 10m, 2h, 7d"))
-}
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        parse_duration(&text)
-            .map(Dur)
-            .map_err(serde::de::Error::custom)
-    }
+    text.parse::<Dur>().map(Duration::from)
 }
 
 /// What happens to published rows: `"delete"`, or a duration to keep them.
@@ -80,7 +52,8 @@ pub(crate) struct FileConfig {
     pub(crate) database: DatabaseSection,
     pub(crate) tables: TablesSection,
     pub(crate) relay: RelaySection,
-    pub(crate) retry: RetrySection,
+    /// `[retry]`: the core's own type.
+    pub(crate) retry: RetryPolicy,
     pub(crate) retention: RetentionSection,
     pub(crate) http: HttpSection,
     pub(crate) broker: BrokerSection,
@@ -222,25 +195,6 @@ impl Default for RelaySection {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(crate) struct RetrySection {
-    pub(crate) max_attempts: u32,
-    pub(crate) base_delay: Dur,
-    pub(crate) max_delay: Dur,
-}
-
-impl Default for RetrySection {
-    fn default() -> Self {
-        let p = RetryPolicy::default();
-        Self {
-            max_attempts: p.max_attempts,
-            base_delay: Dur(p.base_delay),
-            max_delay: Dur(p.max_delay),
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
 pub(crate) struct RetentionSection {
     pub(crate) published: PublishedRetention,
     pub(crate) cleanup_interval: Dur,
@@ -281,19 +235,26 @@ impl Default for HttpSection {
     }
 }
 
-/// `[broker]`: the kind, and a section per broker.
+/// `[broker]`: the kind, and a section per broker compiled in: each adapter's
+/// own settings type, the file's keys (the adapter lays its `OUTBOX_<BROKER>_*`
+/// variables over them).
 ///
 /// Not `deny_unknown_fields`: a program built on the library adds brokers of its own
-/// (`App::broker`), whose `[broker.<kind>]` sections land in `custom`;
-/// `broker::check_sections` refuses every other key, so a misspelt one is still an error.
+/// (`App::broker`), whose `[broker.<kind>]` sections land in `custom`, as do the
+/// sections of built-in brokers not compiled in; `broker::check_sections` refuses
+/// every other key, so a misspelt one is still an error.
 #[derive(Debug, Deserialize)]
 #[serde(default)]
 pub(crate) struct BrokerSection {
     pub(crate) kind: String,
-    pub(crate) nats: NatsSection,
-    pub(crate) amqp: AmqpSection,
-    pub(crate) kafka: KafkaSection,
-    pub(crate) sqs: SqsSection,
+    #[cfg(feature = "nats")]
+    pub(crate) nats: pgoutbox_nats::NatsSettings,
+    #[cfg(feature = "amqp")]
+    pub(crate) amqp: pgoutbox_amqp::AmqpSettings,
+    #[cfg(feature = "kafka")]
+    pub(crate) kafka: pgoutbox_kafka::KafkaSettings,
+    #[cfg(feature = "sqs")]
+    pub(crate) sqs: pgoutbox_sqs::SqsSettings,
     #[serde(flatten)]
     pub(crate) custom: BTreeMap<String, toml::Value>,
 }
@@ -302,78 +263,17 @@ impl Default for BrokerSection {
     fn default() -> Self {
         Self {
             kind: "stdout".into(),
-            nats: NatsSection::default(),
-            amqp: AmqpSection::default(),
-            kafka: KafkaSection::default(),
-            sqs: SqsSection::default(),
+            #[cfg(feature = "nats")]
+            nats: Default::default(),
+            #[cfg(feature = "amqp")]
+            amqp: Default::default(),
+            #[cfg(feature = "kafka")]
+            kafka: Default::default(),
+            #[cfg(feature = "sqs")]
+            sqs: Default::default(),
             custom: BTreeMap::new(),
         }
     }
-}
-
-/// `[broker.nats]`; each key is the default of an `OUTBOX_NATS_*` variable.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct NatsSection {
-    pub(crate) url: Option<String>,
-    pub(crate) subject_prefix: Option<String>,
-    pub(crate) timeout: Option<Dur>,
-    pub(crate) max_in_flight: Option<usize>,
-    pub(crate) client_name: Option<String>,
-    pub(crate) user: Option<String>,
-    pub(crate) password: Option<String>,
-    pub(crate) token: Option<String>,
-    pub(crate) password_file: Option<String>,
-    pub(crate) token_file: Option<String>,
-    pub(crate) tls_required: Option<bool>,
-    pub(crate) tls_ca: Option<String>,
-    pub(crate) tls_cert: Option<String>,
-    pub(crate) tls_key: Option<String>,
-    pub(crate) creds: Option<String>,
-    pub(crate) nkey_file: Option<String>,
-    /// Create (or update) a JetStream stream with this name covering the subjects.
-    pub(crate) ensure_stream: Option<String>,
-}
-
-/// `[broker.amqp]`; each key is the default of an `OUTBOX_AMQP_*` variable.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct AmqpSection {
-    pub(crate) url: Option<String>,
-    pub(crate) exchange: Option<String>,
-    pub(crate) timeout: Option<Dur>,
-    pub(crate) connection_name: Option<String>,
-    pub(crate) password_file: Option<String>,
-    pub(crate) tls_ca: Option<String>,
-}
-
-/// `[broker.kafka]`; each key is the default of an `OUTBOX_KAFKA_*` variable.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct KafkaSection {
-    pub(crate) brokers: Option<String>,
-    pub(crate) topic_prefix: Option<String>,
-    pub(crate) topic: Option<String>,
-    pub(crate) delivery_timeout: Option<Dur>,
-    pub(crate) queue_timeout: Option<Dur>,
-    pub(crate) sasl_password_file: Option<String>,
-    /// Create the topics named by `topic` and `[routing]` when missing, with this
-    /// many partitions, before the relay starts (for clusters that do not create
-    /// topics on first use). Not an environment variable: a deployment decision.
-    pub(crate) create_topics_with_partitions: Option<i32>,
-    /// librdkafka properties, e.g. `"security.protocol" = "SASL_SSL"`.
-    pub(crate) properties: BTreeMap<String, String>,
-}
-
-/// `[broker.sqs]`; each key is the default of an `OUTBOX_SQS_*` variable.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct SqsSection {
-    pub(crate) queue: Option<String>,
-    pub(crate) queue_prefix: Option<String>,
-    pub(crate) endpoint: Option<String>,
-    pub(crate) region: Option<String>,
-    pub(crate) timeout: Option<Dur>,
 }
 
 /// `[routing]`: destination by event type, then by aggregate type; an event's own
@@ -651,10 +551,11 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
     if retry.max_attempts == 0 {
         return Err(config("retry.max_attempts: must be at least 1".into()));
     }
-    if retry.base_delay.0 > retry.max_delay.0 {
+    if retry.base_delay > retry.max_delay {
         return Err(config(format!(
             "retry.base_delay ({}) is larger than retry.max_delay ({})",
-            retry.base_delay, retry.max_delay
+            Dur(retry.base_delay),
+            Dur(retry.max_delay)
         )));
     }
     let claim_timeout = (!file.database.claim_timeout.0.is_zero() && !file.database.pgbouncer)
@@ -726,10 +627,7 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
     relay.batch_size = r.batch_size;
     relay.poll_interval = r.poll_interval.0;
     relay.publish_timeout = r.publish_timeout.0;
-    relay.retry = RetryPolicy::default()
-        .max_attempts(retry.max_attempts)
-        .base_delay(retry.base_delay.0)
-        .max_delay(retry.max_delay.0);
+    relay.retry = *retry;
     relay.workers = r.workers;
     relay.pending_refresh = r.pending_refresh.0;
     relay.error_backoff = r.error_backoff.0;
@@ -828,6 +726,24 @@ mod tests {
             error.contains("http.stuck_after (30s) must be longer than relay.publish_timeout"),
             "{error}"
         );
+    }
+
+    #[cfg(all(feature = "kafka", feature = "nats"))]
+    #[test]
+    fn a_broker_section_is_the_adapters_settings_type() {
+        let file = parse_str(
+            "[broker.kafka]\ncreate_topics_with_partitions = 3\ndelivery_timeout = \"7s\"\n\
+             [broker.kafka.properties]\n\"linger.ms\" = \"5\"\n",
+        )
+        .unwrap();
+        let kafka = &file.broker.kafka;
+        assert_eq!(kafka.create_topics_with_partitions, Some(3));
+        assert_eq!(kafka.delivery_timeout, Some(Dur::secs(7)));
+        assert_eq!(kafka.properties["linger.ms"], "5");
+        let err = parse_str("[broker.nats]\nurll = \"nats://x\"\n").unwrap_err();
+        assert!(err.contains("urll") && err.contains("line 2"), "{err}");
+        let err = parse_str("[broker.nats]\ntimeout = \"soon\"\n").unwrap_err();
+        assert!(err.contains("soon"), "{err}");
     }
 
     #[test]

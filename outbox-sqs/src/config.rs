@@ -1,6 +1,5 @@
 //! [`SqsConfig`]: where to send, how long to wait.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use aws_config::retry::RetryConfig;
@@ -8,6 +7,8 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 use aws_sdk_sqs::config::{Credentials, Region};
 use pgoutbox_core::envelope::Envelope;
+use pgoutbox_core::settings::{EnvOverrides, HumanDuration, Vars};
+use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::publisher::SqsPublisher;
@@ -26,6 +27,57 @@ pub const ENV_TIMEOUT_MS: &str = "OUTBOX_SQS_TIMEOUT_MS";
 
 /// SQS's largest message (body plus attributes), in bytes: 256 KiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// SQS settings as a configuration file or the environment writes them, every
+/// one optional (unset: the default of [`SqsConfig`]). The `outbox` binary reads
+/// its `[broker.sqs]` section into this, lays the environment over it
+/// ([`EnvOverrides::with_env`]) and builds the config with
+/// [`SqsConfig::from_settings`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct SqsSettings {
+    /// [`SqsConfig::queue`]: a queue URL or name.
+    pub queue: Option<String>,
+    /// [`SqsConfig::queue_prefix`].
+    pub queue_prefix: Option<String>,
+    /// [`SqsConfig::endpoint`], e.g. `http://127.0.0.1:5000` for moto.
+    pub endpoint: Option<String>,
+    /// [`SqsConfig::region`] (else the AWS chain: `AWS_REGION`, profile...).
+    pub region: Option<String>,
+    /// [`SqsConfig::timeout`] of one SQS call, e.g. `"10s"`.
+    pub timeout: Option<HumanDuration>,
+}
+
+impl EnvOverrides for SqsSettings {
+    type Error = Error;
+
+    /// These settings with `vars` laid over them: each variable that is set
+    /// replaces its setting.
+    ///
+    /// | variable | setting |
+    /// |---|---|
+    /// | `OUTBOX_SQS_QUEUE` | `queue` |
+    /// | `OUTBOX_SQS_QUEUE_PREFIX` | `queue_prefix` |
+    /// | `OUTBOX_SQS_ENDPOINT` | `endpoint` |
+    /// | `OUTBOX_SQS_REGION` | `region` |
+    /// | `OUTBOX_SQS_TIMEOUT_MS` | `timeout`, in milliseconds |
+    fn with(mut self, vars: &Vars) -> Result<Self> {
+        self.queue = vars.text(ENV_QUEUE).or(self.queue);
+        self.queue_prefix = vars.text(ENV_QUEUE_PREFIX).or(self.queue_prefix);
+        self.endpoint = vars.text(ENV_ENDPOINT).or(self.endpoint);
+        self.region = vars.text(ENV_REGION).or(self.region);
+        self.timeout = vars
+            .millis(ENV_TIMEOUT_MS)
+            .map_err(|e| Error::InvalidEnv {
+                var: e.var,
+                value: e.value,
+                reason: e.reason,
+            })?
+            .or(self.timeout);
+        Ok(self)
+    }
+}
 
 /// Configuration of an [`SqsPublisher`]; [`SqsConfig::build`] validates it, loads the
 /// AWS configuration (credentials and region from the usual chain) and creates the client.
@@ -68,41 +120,42 @@ impl SqsConfig {
         Self::default().queue(queue)
     }
 
-    /// Read [`ENV_QUEUE`], [`ENV_QUEUE_PREFIX`], [`ENV_ENDPOINT`], [`ENV_REGION`] and
-    /// [`ENV_TIMEOUT_MS`], and the envelope ([`Envelope::from_lookup`]:
-    /// `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`); all optional. Credentials come from
-    /// the AWS chain.
+    /// Read the environment ([`SqsSettings`]'s [`EnvOverrides::with`] lists the variables, all
+    /// optional) and the envelope ([`Envelope::from_lookup`]: `OUTBOX_ENVELOPE`,
+    /// `OUTBOX_CLOUDEVENTS_*`). Credentials come from the AWS chain.
     pub fn from_env() -> Result<Self> {
         Self::from_vars(std::env::vars())
     }
 
     /// Like [`SqsConfig::from_env`], from the given variables.
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
-        let vars: BTreeMap<String, String> =
-            vars.into_iter().filter(|(_, v)| !v.is_empty()).collect();
+        let vars = Vars::new(vars);
+        let settings = SqsSettings::default().with(&vars)?;
+        let envelope = Envelope::from_lookup(|name| vars.text(name))?;
+        Ok(Self::from_settings(&settings).envelope(envelope))
+    }
+
+    /// Defaults overridden by `settings` (a configuration file's section, the
+    /// environment laid over it).
+    pub fn from_settings(settings: &SqsSettings) -> Self {
+        let s = settings;
         let mut config = Self::default();
-        if let Some(queue) = vars.get(ENV_QUEUE) {
+        if let Some(queue) = &s.queue {
             config = config.queue(queue.clone());
         }
-        if let Some(prefix) = vars.get(ENV_QUEUE_PREFIX) {
+        if let Some(prefix) = &s.queue_prefix {
             config = config.queue_prefix(prefix.clone());
         }
-        if let Some(endpoint) = vars.get(ENV_ENDPOINT) {
+        if let Some(endpoint) = &s.endpoint {
             config = config.endpoint(endpoint.clone());
         }
-        if let Some(region) = vars.get(ENV_REGION) {
+        if let Some(region) = &s.region {
             config = config.region(region.clone());
         }
-        if let Some(ms) = vars.get(ENV_TIMEOUT_MS) {
-            let ms = ms.trim().parse::<u64>().map_err(|e| Error::InvalidEnv {
-                var: ENV_TIMEOUT_MS.into(),
-                value: ms.clone(),
-                reason: format!("not a number of milliseconds: {e}"),
-            })?;
-            config = config.timeout(Duration::from_millis(ms));
+        if let Some(timeout) = s.timeout {
+            config = config.timeout(timeout.0);
         }
-        config.envelope = Envelope::from_lookup(|name| vars.get(name).cloned())?;
-        Ok(config)
+        config
     }
 
     /// Encode events with this envelope: the outbox envelope (default) or
@@ -320,6 +373,17 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_millis(2500));
         let err = SqsConfig::from_vars(vars(&[(ENV_TIMEOUT_MS, "soon")])).unwrap_err();
         assert!(err.to_string().contains(ENV_TIMEOUT_MS), "{err}");
+    }
+
+    #[test]
+    fn the_environment_wins_over_the_file() {
+        let file: SqsSettings =
+            toml::from_str("queue = \"file-q\"\nregion = \"eu-west-1\"\ntimeout = \"3s\"").unwrap();
+        let settings = file.with_vars(vars(&[(ENV_QUEUE, "env-q")])).unwrap();
+        let c = SqsConfig::from_settings(&settings);
+        assert_eq!(c.routing.default_queue.as_deref(), Some("env-q"));
+        assert_eq!(c.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(c.timeout, Duration::from_secs(3));
     }
 
     #[tokio::test]

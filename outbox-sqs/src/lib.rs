@@ -9,8 +9,8 @@ mod routing;
 /// The AWS SQS SDK this crate is built on, for consumers.
 pub use aws_sdk_sqs;
 pub use config::{
-    SqsConfig, DEFAULT_MAX_MESSAGE_BYTES, ENV_ENDPOINT, ENV_QUEUE, ENV_QUEUE_PREFIX, ENV_REGION,
-    ENV_TIMEOUT_MS,
+    SqsConfig, SqsSettings, DEFAULT_MAX_MESSAGE_BYTES, ENV_ENDPOINT, ENV_QUEUE, ENV_QUEUE_PREFIX,
+    ENV_REGION, ENV_TIMEOUT_MS,
 };
 pub use envelope::{
     event_id, metadata, metadata_from_attributes, ATTR_AGGREGATE_ID, ATTR_AGGREGATE_TYPE,
@@ -21,4 +21,6 @@ pub use error::{Error, Result};
 /// The envelope settings (outbox or CloudEvents), and the metadata of a received
 /// message in any envelope: one type for every adapter.
 pub use pgoutbox_core::envelope::{CloudEvents, Envelope, Metadata};
+/// Lays the environment over a `*Settings` (`with_env`, `with_vars`).
+pub use pgoutbox_core::settings::EnvOverrides;
 pub use publisher::SqsPublisher;

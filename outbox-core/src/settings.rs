@@ -1,0 +1,215 @@
+//! Settings as people write them: in a configuration file (deserialised with
+//! serde) and in environment variables, for the adapters' `*Settings` types.
+//!
+//! Each adapter has one settings struct whose fields are the keys of its
+//! `[broker.<kind>]` section, every one optional (unset keeps the adapter's
+//! default); its `with_vars` lays the `OUTBOX_<BROKER>_*` variables over it (the
+//! environment wins), reading them through [`Vars`], and its config's
+//! `from_settings` turns the result into the typed configuration. The variable
+//! names are written once, in the adapter.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// A duration written like `100ms`, `30s`, `5m`, `2h`, `1h 30m` or `7d`; `0` is zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct HumanDuration(pub Duration);
+
+impl HumanDuration {
+    /// `secs` seconds.
+    pub const fn secs(secs: u64) -> Self {
+        Self(Duration::from_secs(secs))
+    }
+
+    /// `millis` milliseconds.
+    pub const fn millis(millis: u64) -> Self {
+        Self(Duration::from_millis(millis))
+    }
+}
+
+impl From<HumanDuration> for Duration {
+    fn from(d: HumanDuration) -> Self {
+        d.0
+    }
+}
+
+impl From<Duration> for HumanDuration {
+    fn from(d: Duration) -> Self {
+        Self(d)
+    }
+}
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+impl FromStr for HumanDuration {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text == "0" {
+            return Ok(Self(Duration::ZERO));
+        }
+        humantime::parse_duration(text).map(Self).map_err(|e| {
+            format!("invalid duration `{text}` ({e}); write e.g. 500ms, 30s, 10m, 2h, 7d")
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// For `#[serde(deserialize_with = "pgoutbox_core::settings::duration")]` on a
+/// `Duration` field: written like [`HumanDuration`].
+pub fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    HumanDuration::deserialize(deserializer).map(Duration::from)
+}
+
+/// Settings that environment variables can override: an adapter's
+/// `*Settings` type. Implement [`EnvOverrides::with`]; the rest follows.
+pub trait EnvOverrides: Sized {
+    /// What a variable that cannot be read becomes.
+    type Error;
+
+    /// These settings with `vars` laid over them: each variable that is set
+    /// replaces its setting.
+    fn with(self, vars: &Vars) -> Result<Self, Self::Error>;
+
+    /// These settings with the process environment laid over them.
+    fn with_env(self) -> Result<Self, Self::Error> {
+        self.with(&Vars::from_env())
+    }
+
+    /// These settings with these name/value pairs laid over them, as if they
+    /// were the environment.
+    fn with_vars(
+        self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, Self::Error> {
+        self.with(&Vars::new(vars))
+    }
+}
+
+/// An environment variable whose value could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("environment variable {var}=`{value}`: {reason}")]
+#[non_exhaustive]
+pub struct VarError {
+    /// The variable.
+    pub var: String,
+    /// Its value.
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Environment variables (or any name/value pairs standing for them), read
+/// with the rules every adapter shares: an empty or blank value counts as unset,
+/// an unparsable one is a [`VarError`] naming the variable.
+#[derive(Debug, Clone, Default)]
+pub struct Vars(BTreeMap<String, String>);
+
+impl Vars {
+    /// The process environment.
+    pub fn from_env() -> Self {
+        Self::new(std::env::vars())
+    }
+
+    /// These pairs.
+    pub fn new(vars: impl IntoIterator<Item = (String, String)>) -> Self {
+        Self(
+            vars.into_iter()
+                .filter(|(_, value)| !value.trim().is_empty())
+                .collect(),
+        )
+    }
+
+    /// The value of `var`, as written.
+    pub fn text(&self, var: &str) -> Option<String> {
+        self.0.get(var).cloned()
+    }
+
+    /// A path.
+    pub fn path(&self, var: &str) -> Option<PathBuf> {
+        self.0.get(var).map(|v| PathBuf::from(v.trim()))
+    }
+
+    /// A value parsed with `FromStr` (numbers, `true`/`false`).
+    pub fn parse<T>(&self, var: &str) -> Result<Option<T>, VarError>
+    where
+        T: FromStr,
+        T::Err: fmt::Display,
+    {
+        self.0
+            .get(var)
+            .map(|value| {
+                value.trim().parse().map_err(|e: T::Err| VarError {
+                    var: var.to_string(),
+                    value: value.clone(),
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()
+    }
+
+    /// A duration in whole milliseconds (the `*_MS` variables).
+    pub fn millis(&self, var: &str) -> Result<Option<HumanDuration>, VarError> {
+        Ok(self.parse::<u64>(var)?.map(HumanDuration::millis))
+    }
+
+    /// Every variable whose name starts with `prefix`, with the rest of its name.
+    pub fn with_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> {
+        self.0
+            .iter()
+            .filter_map(move |(var, value)| Some((var.strip_prefix(prefix)?, value.as_str())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_name_what_is_wrong() {
+        assert_eq!("0".parse(), Ok(HumanDuration(Duration::ZERO)));
+        assert_eq!("1h 30m".parse(), Ok(HumanDuration::secs(5400)));
+        assert_eq!("250ms".parse(), Ok(HumanDuration::millis(250)));
+        let err = "soon".parse::<HumanDuration>().unwrap_err();
+        assert!(err.contains("`soon`"), "{err}");
+        assert_eq!(HumanDuration::secs(90).to_string(), "1m 30s");
+    }
+
+    #[test]
+    fn blank_values_are_unset_and_bad_ones_name_the_variable() {
+        let vars = Vars::new([
+            ("A".to_string(), " ".to_string()),
+            ("N".to_string(), "12".to_string()),
+            ("BAD".to_string(), "x".to_string()),
+            ("P_ONE".to_string(), "1".to_string()),
+        ]);
+        assert_eq!(vars.text("A"), None);
+        assert_eq!(vars.parse::<u32>("N"), Ok(Some(12)));
+        assert_eq!(vars.millis("N"), Ok(Some(HumanDuration::millis(12))));
+        assert_eq!(vars.parse::<u32>("MISSING"), Ok(None));
+        let err = vars.parse::<bool>("BAD").unwrap_err();
+        assert_eq!(err.var, "BAD");
+        assert!(
+            err.to_string()
+                .starts_with("environment variable BAD=`x`: "),
+            "{err}"
+        );
+        assert_eq!(vars.with_prefix("P_").collect::<Vec<_>>(), [("ONE", "1")]);
+    }
+}

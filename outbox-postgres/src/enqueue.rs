@@ -29,6 +29,11 @@ use crate::tables::Tables;
 /// tx.commit().await?; // the order and its event commit (or roll back) together
 /// # Ok(()) }
 /// ```
+///
+/// With the feature `wal`, [`Outbox::with_wal`] switches the same writer to the
+/// WAL outbox (events as transactional logical messages, no table row): one
+/// setting, the calls unchanged; the relay then reads a replication slot
+/// (`docs/design.md`, *Two modes*).
 #[derive(Debug, Clone)]
 pub struct Outbox {
     sql: Arc<Sql>,
@@ -36,6 +41,9 @@ pub struct Outbox {
     /// Whether statements are prepared under a name and kept (sqlx's default), or
     /// sent unnamed (see [`Outbox::with_unnamed_statements`]).
     persistent: bool,
+    /// Set: events go to the WAL instead of the table.
+    #[cfg(feature = "wal")]
+    wal: Option<crate::wal::WalOutbox>,
 }
 
 impl Default for Outbox {
@@ -51,6 +59,30 @@ impl Outbox {
             sql: Arc::new(Sql::new(&tables)),
             tables,
             persistent: true,
+            #[cfg(feature = "wal")]
+            wal: None,
+        }
+    }
+
+    /// Write events to the WAL (`true`, [`crate::wal::WalOutbox`]) or to the
+    /// outbox table (`false`, the default). In WAL mode an event with
+    /// `not_before` is refused: a WAL message is published as soon as it commits.
+    #[cfg(feature = "wal")]
+    #[must_use]
+    pub fn with_wal(mut self, wal: bool) -> Self {
+        self.wal = wal.then(|| crate::wal::WalOutbox::new(&self.tables));
+        self
+    }
+
+    /// Whether events go to the WAL ([`Outbox::with_wal`]).
+    pub fn is_wal(&self) -> bool {
+        #[cfg(feature = "wal")]
+        {
+            self.wal.is_some()
+        }
+        #[cfg(not(feature = "wal"))]
+        {
+            false
         }
     }
 
@@ -84,6 +116,10 @@ impl Outbox {
     /// The event is validated first; an invalid one is refused with
     /// [`crate::Error::InvalidEvent`] and nothing is written.
     pub async fn enqueue(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<Uuid> {
+        #[cfg(feature = "wal")]
+        if let Some(wal) = &self.wal {
+            return wal.enqueue(conn, event).await;
+        }
         event.validate()?;
         let headers = headers_json(event, &current_trace());
         sqlx::query(&self.sql.enqueue_one)
@@ -109,6 +145,10 @@ impl Outbox {
         conn: &mut PgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<Uuid>> {
+        #[cfg(feature = "wal")]
+        if let Some(wal) = &self.wal {
+            return wal.enqueue_many(conn, events).await;
+        }
         for event in events {
             event.validate()?;
         }
@@ -131,6 +171,24 @@ impl Outbox {
             .persistent(self.persistent)
             .execute(conn)
             .await?;
+        Ok(ids)
+    }
+
+    /// Write `events` and commit `tx`: [`Outbox::enqueue_many`] then the commit,
+    /// or in WAL mode both in one round trip ([`crate::wal::WalOutbox::commit`]).
+    /// An invalid event refuses the call: nothing is written and `tx` is rolled
+    /// back.
+    pub async fn commit(
+        &self,
+        mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+        events: &[NewEvent],
+    ) -> Result<Vec<Uuid>> {
+        #[cfg(feature = "wal")]
+        if let Some(wal) = &self.wal {
+            return wal.commit(tx, events).await;
+        }
+        let ids = self.enqueue_many(&mut tx, events).await?;
+        tx.commit().await?;
         Ok(ids)
     }
 }

@@ -287,6 +287,59 @@ async fn commit_writes_the_events_with_the_transaction_or_nothing() {
     outbox.drop_schema().await.unwrap();
 }
 
+/// One setting switches a producer: the same `Outbox` calls write to the WAL
+/// with `with_wal(true)` (nothing in the table) and to the table without it.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_wal_switches_the_same_outbox_calls_to_the_wal() {
+    use pgoutbox_postgres::Outbox;
+
+    let outbox = TestOutbox::new().await.unwrap();
+    let slot = TestSlot::create(&outbox).await;
+    let mut stream = slot.stream(&WalOutbox::new(&outbox.tables)).await;
+    let pending = format!(
+        "SELECT count(*) FROM {}.{}",
+        outbox.tables.schema().quoted(),
+        outbox.tables.events().quoted()
+    );
+    for wal in [true, false] {
+        let writer = Outbox::new(outbox.tables.clone()).with_wal(wal);
+        assert_eq!(writer.is_wal(), wal);
+        let (one, many, committed) = (event("a", 1), [event("a", 2), event("b", 1)], event("a", 3));
+        let mut tx = outbox.pool.begin().await.unwrap();
+        writer.enqueue(&mut tx, &one).await.unwrap();
+        writer.enqueue_many(&mut tx, &many).await.unwrap();
+        writer
+            .commit(tx, std::slice::from_ref(&committed))
+            .await
+            .unwrap();
+        let rows: i64 = sqlx::query_scalar(&pending)
+            .fetch_one(&outbox.pool)
+            .await
+            .unwrap();
+        let written = [one.id, many[0].id, many[1].id, committed.id];
+        if wal {
+            assert_eq!(rows, 0, "WAL mode wrote to the table");
+            let (read, _) = next_transaction(&mut stream).await;
+            assert_eq!(ids(&read), written);
+        } else {
+            assert_eq!(rows, 4, "table mode did not write its rows");
+        }
+    }
+    // Table mode wrote nothing to the WAL: the next transaction read is this one.
+    let marker = event("z", 1);
+    let tx = outbox.pool.begin().await.unwrap();
+    let writer = Outbox::new(outbox.tables.clone()).with_wal(true);
+    writer
+        .commit(tx, std::slice::from_ref(&marker))
+        .await
+        .unwrap();
+    let (read, _) = next_transaction(&mut stream).await;
+    assert_eq!(ids(&read), [marker.id]);
+
+    stream.close().await.unwrap();
+    outbox.drop_schema().await.unwrap();
+}
+
 /// The core relay over a [`WalStore`]: a failing event parks in the outbox table
 /// with the events of its aggregate that follow it, while other aggregates flow;
 /// once the failure clears, a table relay drains the parked ones, and every

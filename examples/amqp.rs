@@ -17,18 +17,15 @@ mod order_service;
 
 use std::time::Duration;
 
+use pgoutbox::amqp::lapin::message::BasicGetMessage;
 use pgoutbox::amqp::lapin::options::{
     BasicAckOptions, BasicGetOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use pgoutbox::amqp::lapin::types::FieldTable;
 use pgoutbox::amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use pgoutbox::amqp::AmqpConfig;
-use pgoutbox::postgres::{Inbox, Outbox, PgStore};
-use pgoutbox::Relay;
-use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
+use pgoutbox::amqp::{AmqpConfig, Metadata};
 
-use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
+use order_service::{Deliveries, Error};
 
 const QUEUE: &str = "billing";
 
@@ -77,86 +74,38 @@ async fn run() -> Result<(), Error> {
         .await?;
     eprintln!("amqp: publishing to exchange {exchange}, consuming queue {QUEUE}");
 
-    let outbox = Outbox::new(db.tables.clone());
-    let store = PgStore::new(db.pool.clone(), db.tables.clone());
-    let relay = Relay::new(store, publisher).with_config(order_service::relay_config());
-    let inbox = Inbox::new(&outbox, "billing")?;
-
-    let stop = order_service::stop_on_ctrl_c("amqp");
-    let pending = Pending::default();
-    let processed = order_service::run_service(
-        &stop,
-        relay.run(stop.clone().cancelled_owned()),
-        order_service::produce("amqp", &db, &outbox, orders, Some(&pending), &stop),
-        consume(
-            &channel,
-            &db.pool,
-            &inbox,
-            orders.is_some(),
-            &pending,
-            &stop,
-        ),
-    )
-    .await?;
+    order_service::serve("amqp", &db, publisher, "billing", orders, Queue(&channel)).await?;
     let _ = connection.close(0, "bye").await;
-    eprintln!(
-        "amqp: published {} events, processed {processed}, bye",
-        relay.stats().snapshot().published
-    );
     db.pool.close().await;
     Ok(())
 }
 
-/// Process events once each (the inbox skips duplicates). In demo mode, return when
-/// every event of this run was consumed (at most 60 s); otherwise at Ctrl-C.
-async fn consume(
-    channel: &Channel,
-    pool: &PgPool,
-    inbox: &Inbox,
-    demo: bool,
-    pending: &Pending,
-    stop: &CancellationToken,
-) -> Result<u64, Error> {
-    let until = ConsumeUntil::new(demo);
-    let mut processed = 0;
-    loop {
-        if until.done(pending) {
-            return Ok(processed);
-        }
-        let message = tokio::select! {
-            () = stop.cancelled() => return Ok(processed),
-            error = until.timeout() => return Err(error),
-            message = channel.basic_get(QUEUE, BasicGetOptions::default()) => message?,
-        };
-        // basic.get keeps the example short; a service would use basic_consume.
-        let Some(message) = message else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let meta = match pgoutbox::amqp::metadata(&message) {
-            Ok(meta) => meta,
-            Err(error) => {
-                eprintln!("amqp: skipping a message: {error}");
-                message.ack(BasicAckOptions::default()).await?;
-                continue;
+/// The queue's messages, fetched one at a time with basic.get (it keeps the
+/// example short; a service would use basic_consume) and acknowledged once processed.
+struct Queue<'c>(&'c Channel);
+
+impl Deliveries for Queue<'_> {
+    type Message = BasicGetMessage;
+
+    async fn next(&mut self) -> Result<Vec<BasicGetMessage>, Error> {
+        match self.0.basic_get(QUEUE, BasicGetOptions::default()).await? {
+            Some(message) => Ok(vec![message]),
+            None => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(Vec::new())
             }
-        };
-        let order: OrderCreated = match meta.decode(&message.data) {
-            Ok(order) => order,
-            Err(error) => {
-                eprintln!("amqp: skipping a message: {error}");
-                message.ack(BasicAckOptions::default()).await?;
-                continue;
-            }
-        };
-        if order_service::process(inbox, pool, meta.event_id, || {
-            format!("{} event {}: {order}", meta.event_type, meta.event_id)
-        })
-        .await?
-        {
-            processed += 1;
         }
-        message.ack(BasicAckOptions::default()).await?;
-        pending.consumed(meta.event_id);
+    }
+
+    fn metadata(&self, message: &BasicGetMessage) -> Result<Metadata, Error> {
+        Ok(pgoutbox::amqp::metadata(message)?)
+    }
+
+    fn body<'m>(&self, message: &'m BasicGetMessage) -> &'m [u8] {
+        &message.data
+    }
+
+    async fn settle(&mut self, message: BasicGetMessage) -> Result<(), Error> {
+        Ok(message.ack(BasicAckOptions::default()).await?)
     }
 }

@@ -20,15 +20,11 @@ use std::time::Duration;
 
 use pgoutbox::kafka::rdkafka::config::ClientConfig;
 use pgoutbox::kafka::rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use pgoutbox::kafka::rdkafka::message::Message;
+use pgoutbox::kafka::rdkafka::message::{BorrowedMessage, Message};
 use pgoutbox::kafka::rdkafka::mocking::MockCluster;
-use pgoutbox::kafka::{KafkaConfig, ENV_BROKERS};
-use pgoutbox::postgres::{Inbox, Outbox, PgStore};
-use pgoutbox::Relay;
-use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
+use pgoutbox::kafka::{KafkaConfig, Metadata, ENV_BROKERS};
 
-use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
+use order_service::{Deliveries, Error};
 
 const TOPIC: &str = "outbox-orders";
 
@@ -75,32 +71,16 @@ async fn run() -> Result<(), Error> {
     consumer.subscribe(&[TOPIC])?;
     eprintln!("kafka: publishing to {brokers}, topic {TOPIC}");
 
-    let outbox = Outbox::new(db.tables.clone());
-    let store = PgStore::new(db.pool.clone(), db.tables.clone());
-    let relay = Relay::new(store, publisher).with_config(order_service::relay_config());
-    let inbox = Inbox::new(&outbox, "billing_kafka")?;
-
-    let stop = order_service::stop_on_ctrl_c("kafka");
-    let pending = Pending::default();
-    let processed = order_service::run_service(
-        &stop,
-        relay.run(stop.clone().cancelled_owned()),
-        order_service::produce("kafka", &db, &outbox, orders, Some(&pending), &stop),
-        consume(
-            &consumer,
-            &db.pool,
-            &inbox,
-            orders.is_some(),
-            &pending,
-            &stop,
-        ),
+    let relay = order_service::serve(
+        "kafka",
+        &db,
+        publisher,
+        "billing_kafka",
+        orders,
+        Topic(&consumer),
     )
     .await?;
     relay.publisher().flush(Duration::from_secs(5)).await?;
-    eprintln!(
-        "kafka: published {} events, processed {processed}, bye",
-        relay.stats().snapshot().published
-    );
     db.pool.close().await;
     // Clients first, then the mock cluster they talk to.
     drop(consumer);
@@ -110,66 +90,42 @@ async fn run() -> Result<(), Error> {
 }
 
 /// Process events once each (the inbox skips duplicates). In demo mode, return when
-/// every event of this run was consumed (at most 60 s); otherwise at Ctrl-C.
-async fn consume(
-    consumer: &StreamConsumer,
-    pool: &PgPool,
-    inbox: &Inbox,
-    demo: bool,
-    pending: &Pending,
-    stop: &CancellationToken,
-) -> Result<u64, Error> {
-    let until = ConsumeUntil::new(demo);
-    let mut processed = 0;
-    loop {
-        if until.done(pending) {
-            return Ok(processed);
-        }
-        let message = tokio::select! {
-            () = stop.cancelled() => return Ok(processed),
-            error = until.timeout() => return Err(error),
-            // Wake up now and then to see whether the demo is complete.
-            message = tokio::time::timeout(Duration::from_millis(200), consumer.recv()) => match message {
-                Ok(message) => message,
-                Err(_) => continue,
-            },
-        };
-        let message = match message {
-            Ok(message) => message,
-            Err(error) => {
+/// The topic's messages; each offset is committed once its event is processed
+/// (the inbox transaction committed).
+struct Topic<'c>(&'c StreamConsumer);
+
+impl<'c> Deliveries for Topic<'c> {
+    type Message = BorrowedMessage<'c>;
+
+    async fn next(&mut self) -> Result<Vec<BorrowedMessage<'c>>, Error> {
+        // Wake up now and then to see whether the demo is complete.
+        match tokio::time::timeout(Duration::from_millis(200), self.0.recv()).await {
+            Err(_) => Ok(Vec::new()),
+            Ok(Ok(message)) => Ok(vec![message]),
+            Ok(Err(error)) => {
                 eprintln!("kafka: consumer: {error}");
-                continue;
+                Ok(Vec::new())
             }
-        };
-        let meta = match pgoutbox::kafka::metadata(&message) {
-            Ok(meta) => meta,
-            Err(error) => {
-                eprintln!("kafka: skipping a message: {error}");
-                continue;
-            }
-        };
-        let order: OrderCreated = match meta.decode(message.payload().unwrap_or_default()) {
-            Ok(order) => order,
-            Err(error) => {
-                eprintln!("kafka: skipping a message: {error}");
-                continue;
-            }
-        };
-        if order_service::process(inbox, pool, meta.event_id, || {
-            format!(
-                "{} event {} (partition {}, offset {}): {order}",
-                meta.event_type,
-                meta.event_id,
-                message.partition(),
-                message.offset()
-            )
-        })
-        .await?
-        {
-            processed += 1;
         }
-        // Commit the offset only after the inbox transaction committed.
-        consumer.commit_message(&message, CommitMode::Async)?;
-        pending.consumed(meta.event_id);
+    }
+
+    fn metadata(&self, message: &BorrowedMessage<'c>) -> Result<Metadata, Error> {
+        Ok(pgoutbox::kafka::metadata(message)?)
+    }
+
+    fn body<'m>(&self, message: &'m BorrowedMessage<'c>) -> &'m [u8] {
+        message.payload().unwrap_or_default()
+    }
+
+    fn place(&self, message: &BorrowedMessage<'c>) -> String {
+        format!(
+            " (partition {}, offset {})",
+            message.partition(),
+            message.offset()
+        )
+    }
+
+    async fn settle(&mut self, message: BorrowedMessage<'c>) -> Result<(), Error> {
+        Ok(self.0.commit_message(&message, CommitMode::Async)?)
     }
 }

@@ -16,13 +16,9 @@ mod order_service;
 
 use std::time::Duration;
 
-use pgoutbox::nats::{EventConsumer, EventMessage, NatsConfig};
-use pgoutbox::postgres::{Inbox, Outbox, PgStore};
-use pgoutbox::Relay;
-use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
+use pgoutbox::nats::{EventConsumer, EventMessage, Metadata, NatsConfig};
 
-use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
+use order_service::{Deliveries, Error};
 
 const STREAM: &str = "OUTBOX_ORDERS";
 
@@ -52,85 +48,47 @@ async fn run() -> Result<(), Error> {
     let consumer = EventConsumer::durable(publisher.jetstream(), STREAM, "billing", "").await?;
     eprintln!("nats: publishing to {nats_url}, stream {STREAM}");
 
-    let outbox = Outbox::new(db.tables.clone());
-    let store = PgStore::new(db.pool.clone(), db.tables.clone());
-    let relay = Relay::new(store, publisher).with_config(order_service::relay_config());
-    let inbox = Inbox::new(&outbox, "billing")?;
-
-    let stop = order_service::stop_on_ctrl_c("nats");
-    let pending = Pending::default();
-    let processed = order_service::run_service(
-        &stop,
-        relay.run(stop.clone().cancelled_owned()),
-        order_service::produce("nats", &db, &outbox, orders, Some(&pending), &stop),
-        consume(
-            consumer,
-            &db.pool,
-            &inbox,
-            orders.is_some(),
-            &pending,
-            &stop,
-        ),
+    order_service::serve(
+        "nats",
+        &db,
+        publisher,
+        "billing",
+        orders,
+        JetStream(consumer),
     )
     .await?;
-    eprintln!(
-        "nats: published {} events, processed {processed}, bye",
-        relay.stats().snapshot().published
-    );
     db.pool.close().await;
     Ok(())
 }
 
-/// Process events once each (the inbox skips duplicates). In demo mode, return when
-/// every event of this run was consumed (at most 60 s); otherwise at Ctrl-C.
-async fn consume(
-    mut consumer: EventConsumer,
-    pool: &PgPool,
-    inbox: &Inbox,
-    demo: bool,
-    pending: &Pending,
-    stop: &CancellationToken,
-) -> Result<u64, Error> {
-    let until = ConsumeUntil::new(demo);
-    let mut processed = 0;
-    loop {
-        if until.done(pending) {
-            return Ok(processed);
-        }
-        let message = tokio::select! {
-            () = stop.cancelled() => return Ok(processed),
-            error = until.timeout() => return Err(error),
-            // Wake up now and then to see whether the demo is complete.
-            message = tokio::time::timeout(Duration::from_millis(200), consumer.next()) => match message {
-                Ok(message) => message,
-                Err(_) => continue,
-            },
-        };
-        let message: EventMessage = match message {
-            Some(Ok(message)) => message,
-            Some(Err(error)) => {
+/// The JetStream consumer's messages, acknowledged once processed.
+struct JetStream(EventConsumer);
+
+impl Deliveries for JetStream {
+    type Message = EventMessage;
+
+    async fn next(&mut self) -> Result<Vec<EventMessage>, Error> {
+        // Wake up now and then to see whether the demo is complete.
+        match tokio::time::timeout(Duration::from_millis(200), self.0.next()).await {
+            Err(_) => Ok(Vec::new()),
+            Ok(Some(Ok(message))) => Ok(vec![message]),
+            Ok(Some(Err(error))) => {
                 eprintln!("nats: skipping a message: {error}");
-                continue;
+                Ok(Vec::new())
             }
-            None => return Err("the JetStream consumer ended".into()),
-        };
-        let meta = message.metadata.clone();
-        let order: OrderCreated = match message.decode() {
-            Ok(order) => order,
-            Err(error) => {
-                eprintln!("nats: skipping a message: {error}");
-                message.ack().await?;
-                continue;
-            }
-        };
-        if order_service::process(inbox, pool, meta.event_id, || {
-            format!("{} event {}: {order}", meta.event_type, meta.event_id)
-        })
-        .await?
-        {
-            processed += 1;
+            Ok(None) => Err("the JetStream consumer ended".into()),
         }
-        message.ack().await?;
-        pending.consumed(meta.event_id);
+    }
+
+    fn metadata(&self, message: &EventMessage) -> Result<Metadata, Error> {
+        Ok(message.metadata.clone())
+    }
+
+    fn body<'m>(&self, message: &'m EventMessage) -> &'m [u8] {
+        &message.message.payload
+    }
+
+    async fn settle(&mut self, message: EventMessage) -> Result<(), Error> {
+        Ok(message.ack().await?)
     }
 }

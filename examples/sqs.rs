@@ -19,14 +19,11 @@ mod order_service;
 
 use std::time::Duration;
 
-use pgoutbox::postgres::{Inbox, Outbox, PgStore};
-use pgoutbox::sqs::aws_sdk_sqs::types::QueueAttributeName;
-use pgoutbox::sqs::{SqsConfig, ENV_ENDPOINT, ENV_QUEUE};
-use pgoutbox::Relay;
-use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
+use pgoutbox::sqs::aws_sdk_sqs::types::{Message as SqsMessage, QueueAttributeName};
+use pgoutbox::sqs::aws_sdk_sqs::Client;
+use pgoutbox::sqs::{Metadata, SqsConfig, ENV_ENDPOINT, ENV_QUEUE};
 
-use order_service::{ConsumeUntil, Error, OrderCreated, Pending};
+use order_service::{Deliveries, Error};
 
 const DEFAULT_QUEUE: &str = "outbox-orders.fifo";
 
@@ -78,106 +75,71 @@ async fn run() -> Result<(), Error> {
         .to_string();
     eprintln!("sqs: publishing to {queue_url} ({where_})");
 
-    let outbox = Outbox::new(db.tables.clone());
-    let store = PgStore::new(db.pool.clone(), db.tables.clone());
-    let relay = Relay::new(store, publisher).with_config(order_service::relay_config());
-    let inbox = Inbox::new(&outbox, "billing_sqs")?;
-
-    let stop = order_service::stop_on_ctrl_c("sqs");
-    let pending = Pending::default();
-    let processed = order_service::run_service(
-        &stop,
-        relay.run(stop.clone().cancelled_owned()),
-        order_service::produce("sqs", &db, &outbox, orders, Some(&pending), &stop),
-        consume(
-            &client,
-            &queue_url,
-            &db.pool,
-            &inbox,
-            orders.is_some(),
-            &pending,
-            &stop,
-        ),
+    order_service::serve(
+        "sqs",
+        &db,
+        publisher,
+        "billing_sqs",
+        orders,
+        Queue {
+            client: &client,
+            url: &queue_url,
+        },
     )
     .await?;
-    eprintln!(
-        "sqs: published {} events, processed {processed}, bye",
-        relay.stats().snapshot().published
-    );
     db.pool.close().await;
     Ok(())
 }
 
 /// Process events once each (the inbox skips duplicates), deleting each message after
 /// its inbox transaction committed. In demo mode, return when every event of this run
-/// was consumed (at most 60 s); otherwise at Ctrl-C.
-async fn consume(
-    client: &pgoutbox::sqs::aws_sdk_sqs::Client,
-    queue_url: &str,
-    pool: &PgPool,
-    inbox: &Inbox,
-    demo: bool,
-    pending: &Pending,
-    stop: &CancellationToken,
-) -> Result<u64, Error> {
-    let until = ConsumeUntil::new(demo);
-    let mut processed = 0;
-    loop {
-        if until.done(pending) {
-            return Ok(processed);
-        }
-        let receive = client
+/// The queue's messages, up to 10 per long poll of 1 s; each deleted once its
+/// event is processed.
+struct Queue<'c> {
+    client: &'c Client,
+    url: &'c str,
+}
+
+impl Deliveries for Queue<'_> {
+    type Message = SqsMessage;
+
+    async fn next(&mut self) -> Result<Vec<SqsMessage>, Error> {
+        let received = self
+            .client
             .receive_message()
-            .queue_url(queue_url)
+            .queue_url(self.url)
             .max_number_of_messages(10)
             .wait_time_seconds(1)
             .message_attribute_names("All")
-            .send();
-        let received = tokio::select! {
-            () = stop.cancelled() => return Ok(processed),
-            error = until.timeout() => return Err(error),
-            received = receive => received,
-        };
-        let received = match received {
-            Ok(received) => received,
+            .send()
+            .await;
+        match received {
+            Ok(received) => Ok(received.messages.unwrap_or_default()),
             Err(error) => {
                 eprintln!("sqs: receive: {error}");
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
+                Ok(Vec::new())
             }
-        };
-        for message in received.messages() {
-            let meta = match pgoutbox::sqs::metadata(message) {
-                Ok(meta) => meta,
-                Err(error) => {
-                    eprintln!("sqs: skipping a message: {error}");
-                    continue;
-                }
-            };
-            let body = message.body().unwrap_or_default().as_bytes();
-            let order: OrderCreated = match meta.decode(body) {
-                Ok(order) => order,
-                Err(error) => {
-                    eprintln!("sqs: skipping a message: {error}");
-                    continue;
-                }
-            };
-            if order_service::process(inbox, pool, meta.event_id, || {
-                format!("{} event {}: {order}", meta.event_type, meta.event_id)
-            })
-            .await?
-            {
-                processed += 1;
-            }
-            if let Some(handle) = message.receipt_handle() {
-                client
-                    .delete_message()
-                    .queue_url(queue_url)
-                    .receipt_handle(handle)
-                    .send()
-                    .await?;
-            }
-            pending.consumed(meta.event_id);
         }
+    }
+
+    fn metadata(&self, message: &SqsMessage) -> Result<Metadata, Error> {
+        Ok(pgoutbox::sqs::metadata(message)?)
+    }
+
+    fn body<'m>(&self, message: &'m SqsMessage) -> &'m [u8] {
+        message.body().unwrap_or_default().as_bytes()
+    }
+
+    async fn settle(&mut self, message: SqsMessage) -> Result<(), Error> {
+        if let Some(handle) = message.receipt_handle() {
+            self.client
+                .delete_message()
+                .queue_url(self.url)
+                .receipt_handle(handle)
+                .send()
+                .await?;
+        }
+        Ok(())
     }
 }

@@ -13,8 +13,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use pgoutbox::envelope::Metadata;
 use pgoutbox::postgres::{migrate, Inbox, Outbox, PgStore, Processed, Tables};
-use pgoutbox::{redact_url, NewEvent, RelayConfig, TypedEvent};
+use pgoutbox::{redact_url, NewEvent, Publisher, Relay, RelayConfig, TypedEvent};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -280,6 +281,88 @@ impl ConsumeUntil {
     }
 }
 
+/// A broker's consumer, as the shared [`consume`] loop uses it.
+pub(crate) trait Deliveries {
+    /// One received message.
+    type Message;
+
+    /// Wait a little for messages: some, or none yet (the loop then checks whether
+    /// the demo is complete and asks again). An error ends the loop.
+    async fn next(&mut self) -> Result<Vec<Self::Message>, Error>;
+
+    /// The message's metadata, in whichever envelope it came.
+    fn metadata(&self, message: &Self::Message) -> Result<Metadata, Error>;
+
+    /// The message's body.
+    fn body<'m>(&self, message: &'m Self::Message) -> &'m [u8];
+
+    /// Where the message was, for the log line (e.g. a partition and offset).
+    fn place(&self, _message: &Self::Message) -> String {
+        String::new()
+    }
+
+    /// Settle the message once processed, or skipped as unreadable: acknowledge
+    /// it, commit its offset, delete it.
+    async fn settle(&mut self, message: Self::Message) -> Result<(), Error>;
+}
+
+/// Process events once each (the inbox skips duplicates), settling each message
+/// after the inbox transaction committed. In demo mode, return when every event
+/// of this run was consumed (at most 60 s); otherwise at Ctrl-C. Returns how many
+/// events were processed (duplicates not counted).
+pub(crate) async fn consume(
+    name: &str,
+    mut deliveries: impl Deliveries,
+    pool: &PgPool,
+    inbox: &Inbox,
+    demo: bool,
+    pending: &Pending,
+    stop: &CancellationToken,
+) -> Result<u64, Error> {
+    let until = ConsumeUntil::new(demo);
+    let mut processed = 0;
+    loop {
+        if until.done(pending) {
+            return Ok(processed);
+        }
+        let messages = tokio::select! {
+            () = stop.cancelled() => return Ok(processed),
+            error = until.timeout() => return Err(error),
+            messages = deliveries.next() => messages?,
+        };
+        for message in messages {
+            let read = deliveries.metadata(&message).and_then(|meta| {
+                let order: OrderCreated = meta.decode(deliveries.body(&message))?;
+                Ok((meta, order))
+            });
+            let id = match read {
+                Ok((meta, order)) => {
+                    let place = deliveries.place(&message);
+                    let describe = || {
+                        format!(
+                            "{} event {}{place}: {order}",
+                            meta.event_type, meta.event_id
+                        )
+                    };
+                    if process(inbox, pool, meta.event_id, describe).await? {
+                        processed += 1;
+                    }
+                    Some(meta.event_id)
+                }
+                // Unreadable now is unreadable on every redelivery: log and drop it.
+                Err(error) => {
+                    eprintln!("{name}: skipping a message: {error}");
+                    None
+                }
+            };
+            deliveries.settle(message).await?;
+            if let Some(id) = id {
+                pending.consumed(id);
+            }
+        }
+    }
+}
+
 /// Process the event `id` once (the inbox skips duplicates) and print it as
 /// `billing: <describe()>`. Returns whether it was processed now (not a duplicate).
 pub(crate) async fn process(
@@ -304,6 +387,41 @@ pub(crate) async fn process(
             Ok(false)
         }
     }
+}
+
+/// The order service on a broker: a relay over the outbox table publishing with
+/// `publisher`, the producer creating orders (`orders`: that many, else one a
+/// second until Ctrl-C) and the consumer processing `deliveries` once each with
+/// the inbox `inbox_name`, until the demo is complete or Ctrl-C. Returns the relay,
+/// to flush or drop its publisher.
+pub(crate) async fn serve<P: Publisher>(
+    name: &'static str,
+    db: &Database,
+    publisher: P,
+    inbox_name: &str,
+    orders: Option<u32>,
+    deliveries: impl Deliveries,
+) -> Result<Relay<PgStore, P>, Error> {
+    let outbox = Outbox::new(db.tables.clone());
+    let store = PgStore::new(db.pool.clone(), db.tables.clone());
+    let relay = Relay::new(store, publisher).with_config(relay_config());
+    let inbox = Inbox::new(&outbox, inbox_name)?;
+
+    let stop = stop_on_ctrl_c(name);
+    let pending = Pending::default();
+    let demo = orders.is_some();
+    let processed = run_service(
+        &stop,
+        relay.run(stop.clone().cancelled_owned()),
+        produce(name, db, &outbox, orders, Some(&pending), &stop),
+        consume(name, deliveries, &db.pool, &inbox, demo, &pending, &stop),
+    )
+    .await?;
+    eprintln!(
+        "{name}: published {} events, processed {processed}, bye",
+        relay.stats().snapshot().published
+    );
+    Ok(relay)
 }
 
 /// Run the relay, the producer and the consumer until the consumer returns (or any

@@ -25,10 +25,25 @@ pub(crate) struct LatencyArgs {
     modes: Vec<Mode>,
 }
 
-/// Notes when each event reached `publish`.
+/// Notes when each event reached `publish` (a null publisher otherwise).
 #[derive(Clone, Default)]
-struct Stamping {
+pub(crate) struct Stamping {
     seen: Arc<Mutex<Vec<(Uuid, Instant)>>>,
+}
+
+impl Stamping {
+    /// How many events were published.
+    pub(crate) fn count(&self) -> usize {
+        self.seen.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// When each event was published.
+    pub(crate) fn published(&self) -> HashMap<Uuid, Instant> {
+        self.seen
+            .lock()
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
+    }
 }
 
 impl Publisher for Stamping {
@@ -81,11 +96,7 @@ async fn measure(bench: &Bench, mode: Mode, rate: u64, duration: Duration) -> Re
     );
     let offered = offered?;
 
-    let published: HashMap<Uuid, Instant> = publisher
-        .seen
-        .lock()
-        .map(|s| s.iter().copied().collect())
-        .unwrap_or_default();
+    let published = publisher.published();
     let committed = committed.lock().map(|c| c.clone()).unwrap_or_default();
     let millis = commit_to_publish_millis(&committed, &published)?;
     Ok(Percentiles {

@@ -6,6 +6,7 @@
 
 mod db;
 mod drain;
+mod group;
 mod latency;
 mod live;
 mod machine;
@@ -95,6 +96,9 @@ enum Scenario {
     Live(live::LiveArgs),
     /// WAL mode against table mode: producer throughput, latency, drain.
     Wal(wal::WalArgs),
+    /// Fairness of a relay group: one tenant's large backlog against many small
+    /// tenants' live traffic, on one pool.
+    Group(group::GroupArgs),
     /// Internal: the relay process measured by `rss`.
     #[command(hide = true)]
     RssChild(resources::RssChildArgs),
@@ -141,6 +145,7 @@ async fn run(cli: Cli) -> Result<()> {
         Scenario::Idle(args) => resources::idle(url, &args).await?,
         Scenario::Shapes(args) => shapes::shapes(url, &args).await?,
         Scenario::Wal(args) => wal::wal(url, &args).await?,
+        Scenario::Group(args) => group::group(url, &args).await?,
         Scenario::Backlog(args) => shapes::backlog_size(url, &args).await?,
         Scenario::Scaling(args) => shapes::scaling(url, &args).await?,
         Scenario::Live(args) => live::live(url, &args).await?,

@@ -242,7 +242,10 @@ impl<P: Publisher> DynPublisher for P {
     }
 }
 
-impl Publisher for dyn DynPublisher {
+// For every object lifetime, not only `'static`: a relay over
+// `Arc<dyn DynPublisher>` is then `Send` for the compiler, and can be spawned
+// (with `'static` alone: "implementation of `Publisher` is not general enough").
+impl Publisher for dyn DynPublisher + '_ {
     async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
         self.publish_boxed(events).await
     }

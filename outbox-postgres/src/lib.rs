@@ -11,6 +11,7 @@ pub use pgoutbox_core as __core;
 mod dead_letters;
 mod enqueue;
 mod error;
+mod group;
 mod ident;
 mod inbox;
 mod migrate;
@@ -18,6 +19,7 @@ mod migrate;
 mod plans;
 mod pooler;
 mod row;
+mod shared_wakeup;
 mod sql;
 mod stats;
 mod store;
@@ -34,12 +36,14 @@ pub use cleanup::Cleanup;
 pub use dead_letters::DeadLetters;
 pub use enqueue::{enqueue, Outbox};
 pub use error::{Error, Result};
+pub use group::{GroupRelay, RelayGroup};
 pub use ident::Ident;
 pub use inbox::{Inbox, InboxError, Processed};
 pub use migrate::{inbox_script, migrate, migrate_inbox, migration_script, unapplied_migrations};
 /// The administration types, defined in the core crate (any store can offer them).
 pub use pgoutbox_core::admin::{DeadLetter, DeadLetterFilter, OutboxStats};
 pub use pooler::pooler_options;
+pub use shared_wakeup::SharedWakeup;
 pub use sql::AfterDeadLetter;
 /// The sqlx this crate is built with (0.8): your transactions must be of the same
 /// version to be passed to [`Outbox::enqueue`]; use this one or depend on `sqlx = "0.8"`.

@@ -565,7 +565,13 @@ impl Sql {
     /// The wake-up probe with its arguments written in, for the simple protocol
     /// (one round trip: pooler-safe outside a transaction, see `pooler.rs`).
     pub(crate) fn probe_due_simple(&self, ordered: bool, walk_start: i64) -> String {
-        format!("SELECT {}({ordered}, {walk_start})", self.probe_function)
+        format!("SELECT {}", self.probe_due_call(ordered, walk_start))
+    }
+
+    /// The probe function's call with its arguments written in, an expression
+    /// (the shared wake-up asks many outboxes' in one `SELECT`).
+    pub(crate) fn probe_due_call(&self, ordered: bool, walk_start: i64) -> String {
+        format!("{}({ordered}, {walk_start})", self.probe_function)
     }
 
     /// The statement recording failed events for the chosen ordering.

@@ -29,6 +29,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::error::Result;
+use crate::shared_wakeup::SharedWakeup;
 use crate::sql::Sql;
 use crate::tables::Tables;
 
@@ -59,6 +60,11 @@ pub enum Wakeup {
         /// Database URL for the listening session; `None`: the store's pool.
         url: Option<String>,
     },
+    /// One probe for many outboxes of one database ([`SharedWakeup`]): the
+    /// stores given the same one ask their question in one statement per
+    /// interval, on one connection. For one process relaying many outboxes
+    /// (tenants); [`crate::RelayGroup`] sets it up.
+    Shared(SharedWakeup),
 }
 
 impl Default for Wakeup {
@@ -219,6 +225,29 @@ impl Waker {
                     .await;
             }
             Wakeup::Notify { url } => self.wait_notified(pool, url.as_deref(), timeout).await,
+            Wakeup::Shared(shared) => {
+                self.pause_if_contended(Duration::from_millis(1), timeout)
+                    .await;
+                let call = probe.sql.probe_due_call(probe.ordered, probe.walk_start);
+                let found = self.last_found.load(Ordering::Relaxed);
+                let found_at = (found > 0).then(|| self.epoch + Duration::from_micros(found));
+                if shared.wait(call, found_at, timeout).await {
+                    self.contended.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// The last wait saw due events and the claim after it found none free (other
+    /// relays hold their aggregates): wait longer each time, up to `timeout`,
+    /// rather than claim in a loop.
+    async fn pause_if_contended(&self, fast: Duration, timeout: Duration) {
+        let contended = self.contended.load(Ordering::Relaxed);
+        if contended > 0 {
+            let pause = fast
+                .saturating_mul(2u32.saturating_pow(contended.min(30)))
+                .min(timeout);
+            tokio::time::sleep(pause).await;
         }
     }
 
@@ -234,15 +263,7 @@ impl Waker {
         timeout: Duration,
     ) {
         let deadline = Instant::now() + timeout;
-        // The last wait saw due events and the claim after it found none free:
-        // wait longer each time, up to `timeout`, rather than claim in a loop.
-        let contended = self.contended.load(Ordering::Relaxed);
-        if contended > 0 {
-            let pause = fast
-                .saturating_mul(2u32.saturating_pow(contended.min(30)))
-                .min(timeout);
-            tokio::time::sleep(pause).await;
-        }
+        self.pause_if_contended(fast, timeout).await;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let interval = self.adaptive_interval(fast, linger, timeout);

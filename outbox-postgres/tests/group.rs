@@ -1,0 +1,169 @@
+//! A `RelayGroup` against the real PostgreSQL: 50 tenant schemas in one database
+//! relayed by one group on one pool drain completely, each event once, in order per
+//! aggregate, and the group never holds more connections than the pool allows
+//! (seen from `pg_stat_activity`).
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgoutbox_core::testing::{check_first_arrivals, RecordingPublisher};
+use pgoutbox_core::{DynPublisher, NewEvent, RelayConfig};
+use pgoutbox_postgres::testing::{database_url, TestOutbox};
+use pgoutbox_postgres::RelayGroup;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use uuid::Uuid;
+
+const TENANTS: usize = 50;
+const AGGREGATES: usize = 3;
+const EVENTS_PER_AGGREGATE: usize = 4;
+/// The group's connection budget in the database: its pool.
+const BUDGET: u32 = 4;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
+    let name = format!("group_test_{}", Uuid::new_v4().simple());
+    let options = PgConnectOptions::from_str(&database_url())
+        .unwrap()
+        .application_name(&name);
+    let pool = PgPoolOptions::new()
+        .max_connections(BUDGET)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let observer = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url())
+        .await
+        .unwrap();
+
+    // 50 schemas, each with 3 aggregates x 4 events committed before the group starts.
+    let mut tenants = Vec::new();
+    for _ in 0..TENANTS {
+        let outbox = TestOutbox::with_pool(pool.clone()).await.unwrap();
+        let mut runs = Vec::new();
+        let mut events = Vec::new();
+        for a in 0..AGGREGATES {
+            let run: Vec<NewEvent> = (0..EVENTS_PER_AGGREGATE)
+                .map(|n| {
+                    NewEvent::new(
+                        "order",
+                        format!("a{a}"),
+                        "order.created",
+                        &serde_json::json!({ "n": n }),
+                    )
+                })
+                .collect();
+            runs.push(run.iter().map(|e| e.id).collect::<Vec<_>>());
+            events.extend(run);
+        }
+        outbox.enqueue_committed(&events).await.unwrap();
+        tenants.push((outbox, runs, Arc::new(RecordingPublisher::new())));
+    }
+
+    let mut group = RelayGroup::new();
+    for (outbox, _, publisher) in &tenants {
+        let publisher: Arc<dyn DynPublisher> = Arc::clone(publisher) as _;
+        group.add(
+            outbox.store(),
+            publisher,
+            // A claim without the shared probe's signal would wait 30 s.
+            RelayConfig::default()
+                .batch_size(5)
+                .poll_interval(Duration::from_secs(30)),
+        );
+    }
+    assert_eq!(group.names().len(), TENANTS);
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        group
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+
+    // Until every tenant's events are published (at most 60 s), watch how many
+    // connections the group's pool holds.
+    let total = TENANTS * AGGREGATES * EVENTS_PER_AGGREGATE;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut most = 0;
+    loop {
+        let held: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+                .bind(&name)
+                .fetch_one(&observer)
+                .await
+                .unwrap();
+        most = most.max(held);
+        let published: usize = tenants
+            .iter()
+            .map(|(_, _, p)| p.published_ids().iter().collect::<HashSet<_>>().len())
+            .sum();
+        if published == total {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{published} of {total} events published after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Idle now: new events of ten tenants are found by the shared probe (one
+    // statement for all waiting relays), well before the relays' 30 s poll.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut late = Vec::new();
+    for (outbox, runs, _) in tenants.iter_mut().take(10) {
+        let event = NewEvent::new("order", "late", "order.created", &serde_json::json!({}));
+        outbox
+            .enqueue_committed(std::slice::from_ref(&event))
+            .await
+            .unwrap();
+        runs.push(vec![event.id]);
+        late.push(event.id);
+    }
+    let woke = Instant::now();
+    loop {
+        let published: HashSet<Uuid> = tenants
+            .iter()
+            .flat_map(|(_, _, p)| p.published_ids())
+            .collect();
+        if late.iter().all(|id| published.contains(id)) {
+            break;
+        }
+        assert!(
+            woke.elapsed() < Duration::from_secs(10),
+            "events committed to idle tenants were not published within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = stop.send(());
+    running.await.unwrap();
+
+    assert!(
+        most <= i64::from(BUDGET),
+        "the group held {most} connections, its budget is {BUDGET}"
+    );
+    assert!(most >= 1, "the observer never saw the group's connections");
+    for (outbox, runs, publisher) in &tenants {
+        let published = publisher.published_ids();
+        let unique: HashSet<&Uuid> = published.iter().collect();
+        assert_eq!(
+            unique.len(),
+            published.len(),
+            "{}: an event was published twice",
+            outbox.tables.outbox_name()
+        );
+        check_first_arrivals(&published, runs).unwrap();
+        // Nothing of another tenant reached this tenant's publisher.
+        let own: HashSet<Uuid> = runs.iter().flatten().copied().collect();
+        assert!(unique.iter().all(|id| own.contains(id)));
+    }
+    for (outbox, _, _) in &tenants {
+        outbox.drop_schema().await.unwrap();
+    }
+}

@@ -54,7 +54,7 @@ impl std::fmt::Debug for RelayGroup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RelayGroup")
             .field("outboxes", &self.names())
-            .field("databases", &self.wakeups.len())
+            .field("databases", &self.databases())
             .finish()
     }
 }
@@ -85,6 +85,11 @@ impl RelayGroup {
     /// The relays, in the order they were added (their stats, their stores).
     pub fn relays(&self) -> &[GroupRelay] {
         &self.relays
+    }
+
+    /// How many pools (databases) the outboxes are on: one shared probe each.
+    pub fn databases(&self) -> usize {
+        self.wakeups.len()
     }
 
     /// The outboxes' names (`schema.table`), in the order they were added.

@@ -195,8 +195,8 @@ async fn probe_loop(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Ask every waiting relay's question; wake those with due events (all of them,
-/// to claim instead, when the probe fails).
+/// Ask every waiting relay's question; wake those with due events (and those
+/// whose question fails, to claim instead).
 async fn probe_once(state: &Inner) {
     let mut asked: Vec<Waiter> =
         std::mem::take(&mut *state.waiting.lock().unwrap_or_else(PoisonError::into_inner));
@@ -204,27 +204,21 @@ async fn probe_once(state: &Inner) {
     let mut due = Vec::with_capacity(asked.len());
     for chunk in asked.chunks(CALLS_PER_STATEMENT) {
         let calls: Vec<&str> = chunk.iter().map(|w| w.call.as_str()).collect();
-        // Simple protocol: the calls change with each walk start; nothing is
-        // prepared, and one round trip outside a transaction is pooler-safe.
-        let sql = format!("SELECT {}", calls.join(", "));
-        let answer = sqlx::raw_sql(&sql)
-            .fetch_one(&state.pool)
-            .await
-            .and_then(|row| {
-                (0..chunk.len())
-                    .map(|i| row.try_get::<bool, _>(i))
-                    .collect()
-            });
-        match answer {
+        match ask(&state.pool, &calls).await {
             Ok(flags) => {
                 state.failing.store(false, Ordering::Relaxed);
-                due.extend::<Vec<bool>>(flags);
+                due.extend(flags);
             }
+            // One outbox's call can fail alone (its schema was dropped, its
+            // migration is missing): ask each alone, so that the others keep
+            // their probe and the failing one's relay claims and reports the error.
             Err(error) => {
                 if !state.failing.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(%error, "the shared wake-up probe failed; the relays claim instead");
+                    tracing::warn!(%error, "the shared wake-up probe failed; asking each outbox alone");
                 }
-                due.extend(std::iter::repeat_n(true, chunk.len()));
+                for call in calls {
+                    due.push(ask(&state.pool, &[call]).await.map_or(true, |f| f[0]));
+                }
             }
         }
     }
@@ -241,4 +235,16 @@ async fn probe_once(state: &Inner) {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .extend(still);
+}
+
+/// The answers of `calls`, in one statement. Simple protocol: the calls change
+/// with each walk start; nothing is prepared, and one round trip outside a
+/// transaction is pooler-safe.
+async fn ask(pool: &PgPool, calls: &[&str]) -> Result<Vec<bool>, sqlx::Error> {
+    let row = sqlx::raw_sql(&format!("SELECT {}", calls.join(", ")))
+        .fetch_one(pool)
+        .await?;
+    (0..calls.len())
+        .map(|i| row.try_get::<bool, _>(i))
+        .collect()
 }

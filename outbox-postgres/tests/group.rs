@@ -76,6 +76,7 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
         );
     }
     assert_eq!(group.names().len(), TENANTS);
+    assert_eq!(group.databases(), 1, "clones of one pool share one probe");
 
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move {
@@ -141,6 +142,27 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+
+    // A tenant dropped while the group runs stops neither the others nor their
+    // shared probe: a new event of another idle tenant is still found at once.
+    let (gone, _, _) = tenants.remove(TENANTS - 1);
+    gone.drop_schema().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (outbox, runs, publisher) = &mut tenants[10];
+    let event = NewEvent::new("order", "after", "order.created", &serde_json::json!({}));
+    outbox
+        .enqueue_committed(std::slice::from_ref(&event))
+        .await
+        .unwrap();
+    runs.push(vec![event.id]);
+    let woke = Instant::now();
+    while !publisher.published_ids().contains(&event.id) {
+        assert!(
+            woke.elapsed() < Duration::from_secs(10),
+            "after a tenant was dropped, another's event was not published within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let _ = stop.send(());
     running.await.unwrap();
 
@@ -166,4 +188,88 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
     for (outbox, _, _) in &tenants {
         outbox.drop_schema().await.unwrap();
     }
+}
+
+/// Outboxes of two databases in one group: each database's stores share their
+/// own probe on their own pool, and both drain.
+#[tokio::test(flavor = "multi_thread")]
+async fn outboxes_in_two_databases_drain_in_one_group() {
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let other = format!("group_test_{}", Uuid::new_v4().simple());
+    sqlx::query(&format!("CREATE DATABASE {other}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let here = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let there = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(
+            PgConnectOptions::from_str(&database_url())
+                .unwrap()
+                .database(&other),
+        )
+        .await
+        .unwrap();
+
+    let mut tenants = Vec::new();
+    for pool in [&here, &here, &there, &there] {
+        let outbox = TestOutbox::with_pool(pool.clone()).await.unwrap();
+        let events: Vec<NewEvent> = (0..5)
+            .map(|n| {
+                NewEvent::new(
+                    "order",
+                    "a",
+                    "order.created",
+                    &serde_json::json!({ "n": n }),
+                )
+            })
+            .collect();
+        outbox.enqueue_committed(&events).await.unwrap();
+        let run: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+        tenants.push((outbox, run, Arc::new(RecordingPublisher::new())));
+    }
+    let mut group = RelayGroup::new();
+    for (outbox, _, publisher) in &tenants {
+        let publisher: Arc<dyn DynPublisher> = Arc::clone(publisher) as _;
+        group.add(outbox.store(), publisher, RelayConfig::default());
+    }
+    assert_eq!(group.databases(), 2, "one shared probe per pool");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        group
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !tenants
+        .iter()
+        .all(|(_, run, p)| p.published_ids().len() >= run.len())
+    {
+        assert!(Instant::now() < deadline, "not drained within 30 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = stop.send(());
+    running.await.unwrap();
+    for (_, run, publisher) in &tenants {
+        check_first_arrivals(&publisher.published_ids(), std::slice::from_ref(run)).unwrap();
+    }
+
+    for (outbox, _, _) in &tenants {
+        outbox.drop_schema().await.unwrap();
+    }
+    there.close().await;
+    sqlx::query(&format!("DROP DATABASE {other} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .unwrap();
 }

@@ -14,6 +14,7 @@ use pgoutbox_core::{DynPublisher, NewEvent, RelayConfig};
 use pgoutbox_postgres::testing::{database_url, TestOutbox};
 use pgoutbox_postgres::RelayGroup;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 const TENANTS: usize = 50;
@@ -21,6 +22,19 @@ const AGGREGATES: usize = 3;
 const EVENTS_PER_AGGREGATE: usize = 4;
 /// The group's connection budget in the database: its pool.
 const BUDGET: u32 = 4;
+
+/// Run `group` on a task of its own until the sender is used.
+fn start(group: RelayGroup) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        group
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    (stop, running)
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
@@ -78,14 +92,7 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
     assert_eq!(group.names().len(), TENANTS);
     assert_eq!(group.databases(), 1, "clones of one pool share one probe");
 
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        group
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let (stop, running) = start(group);
 
     // Until every tenant's events are published (at most 60 s), watch how many
     // connections the group's pool holds.
@@ -242,14 +249,7 @@ async fn outboxes_in_two_databases_drain_in_one_group() {
         group.add(outbox.store(), publisher, RelayConfig::default());
     }
     assert_eq!(group.databases(), 2, "one shared probe per pool");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        group
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let (stop, running) = start(group);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !tenants
         .iter()

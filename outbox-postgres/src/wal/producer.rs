@@ -81,6 +81,13 @@ impl WalOutbox {
     /// An error from the commit itself (e.g. a deferred constraint) is returned as
     /// from [`Transaction::commit`]; the events are then not written either.
     ///
+    /// Afterwards the connection holds an empty transaction (no snapshot, no
+    /// transaction id) until its next statement ends it: at once for a pooled
+    /// connection, which sqlx pings when it returns to the pool. A bare
+    /// `PgConnection` left unused longer than the server's
+    /// `idle_in_transaction_session_timeout` is closed by the server: use it
+    /// again or close it.
+    ///
     /// ```no_run
     /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
     /// use pgoutbox_core::NewEvent;

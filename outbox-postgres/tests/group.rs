@@ -9,8 +9,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
 use pgoutbox_core::testing::{check_first_arrivals, RecordingPublisher};
-use pgoutbox_core::{DynPublisher, NewEvent, RelayConfig};
+use pgoutbox_core::{telemetry, DynPublisher, NewEvent, RelayConfig};
 use pgoutbox_postgres::testing::{database_url, TestOutbox};
 use pgoutbox_postgres::RelayGroup;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -38,6 +40,11 @@ fn start(group: RelayGroup) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
+    // The process's recorder: relays run on the runtime's worker threads. Only
+    // this test installs one; the sums below count this test's outboxes only.
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).unwrap();
     let name = format!("group_test_{}", Uuid::new_v4().simple());
     let options = PgConnectOptions::from_str(&database_url())
         .unwrap()
@@ -153,6 +160,7 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
     // A tenant dropped while the group runs stops neither the others nor their
     // shared probe: a new event of another idle tenant is still found at once.
     let (gone, _, _) = tenants.remove(TENANTS - 1);
+    let gone_name = gone.tables.outbox_name();
     gone.drop_schema().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (outbox, runs, publisher) = &mut tenants[10];
@@ -192,6 +200,37 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
         let own: HashSet<Uuid> = runs.iter().flatten().copied().collect();
         assert!(unique.iter().all(|id| own.contains(id)));
     }
+    // Every outbox's published counter carries its name, and they add up.
+    let published: std::collections::HashMap<String, u64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.kind() == MetricKind::Counter && key.key().name() == telemetry::EVENTS_PUBLISHED
+        })
+        .filter_map(|(key, _, _, value)| {
+            let outbox = key.key().labels().find(|l| l.key() == "outbox")?;
+            match value {
+                DebugValue::Counter(n) => Some((outbox.value().to_string(), n)),
+                _ => None,
+            }
+        })
+        .collect();
+    let mut expected = vec![(gone_name, (AGGREGATES * EVENTS_PER_AGGREGATE) as u64)];
+    for (outbox, runs, _) in &tenants {
+        let events = runs.iter().map(Vec::len).sum::<usize>() as u64;
+        expected.push((outbox.tables.outbox_name(), events));
+    }
+    for (name, events) in &expected {
+        assert_eq!(published.get(name), Some(events), "{name}'s counter");
+    }
+    let counted: u64 = expected.iter().map(|(name, _)| published[name]).sum();
+    assert_eq!(
+        counted,
+        (total + 10 + 1) as u64,
+        "the labelled counters add up to every event published"
+    );
+
     for (outbox, _, _) in &tenants {
         outbox.drop_schema().await.unwrap();
     }

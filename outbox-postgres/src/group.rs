@@ -137,3 +137,170 @@ impl RelayGroup {
         wakeup
     }
 }
+
+/// Relays for every tenant schema of a database, found by name while they run:
+/// each schema whose name matches a `LIKE` pattern (e.g. `tenant\_%`) and holds
+/// the events table gets a relay within one discovery interval of its creation
+/// (migrate it first), and a schema that is dropped has its relay stopped. The
+/// relays share one wake-up probe and the pool, as in a [`RelayGroup`].
+pub struct TenantDiscovery {
+    pool: sqlx::PgPool,
+    pattern: String,
+    events_table: String,
+    interval: std::time::Duration,
+    publisher: Arc<dyn DynPublisher>,
+    relay_config: RelayConfig,
+    store_config: crate::store::StoreConfig,
+    running: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+}
+
+impl std::fmt::Debug for TenantDiscovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantDiscovery")
+            .field("pattern", &self.pattern)
+            .field("events_table", &self.events_table)
+            .field("interval", &self.interval)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One discovered tenant's relay task and how to stop it.
+struct Running {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TenantDiscovery {
+    /// Tenants in the schemas matching `pattern` (SQL `LIKE`), each with the default
+    /// table names, published with `publisher`; looked for every 30 s.
+    pub fn new(
+        pool: sqlx::PgPool,
+        pattern: impl Into<String>,
+        publisher: Arc<dyn DynPublisher>,
+    ) -> Self {
+        Self {
+            pool,
+            pattern: pattern.into(),
+            events_table: crate::tables::Tables::default()
+                .events()
+                .as_str()
+                .to_string(),
+            interval: std::time::Duration::from_secs(30),
+            publisher,
+            relay_config: RelayConfig::default(),
+            store_config: crate::store::StoreConfig::default(),
+            running: Arc::default(),
+        }
+    }
+
+    /// Look for new and dropped schemas this often. Defaults to 30 s.
+    #[must_use]
+    pub fn interval(mut self, interval: std::time::Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// The relays' configuration. Defaults to [`RelayConfig::default`].
+    #[must_use]
+    pub fn relay_config(mut self, config: RelayConfig) -> Self {
+        self.relay_config = config;
+        self
+    }
+
+    /// The stores' configuration. Defaults to [`crate::StoreConfig::default`].
+    #[must_use]
+    pub fn store_config(mut self, config: crate::store::StoreConfig) -> Self {
+        self.store_config = config;
+        self
+    }
+
+    /// The schemas relayed now, sorted.
+    pub fn tenants(&self) -> Vec<String> {
+        self.running
+            .lock()
+            .map(|r| r.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Discover and relay until `shutdown` completes; then every relay finishes
+    /// its batches in flight. A failed look (the database unreachable) is logged
+    /// and tried again at the next interval; the relays found so far go on.
+    pub async fn run(&self, shutdown: impl Future<Output = impl Sized> + Send) {
+        let wakeup = SharedWakeup::new(self.pool.clone());
+        let mut relays: std::collections::BTreeMap<String, Running> = Default::default();
+        let mut ticks = tokio::time::interval(self.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = &mut shutdown => break,
+            }
+            let found: Vec<String> = match sqlx::query_scalar(crate::sql::DISCOVER_SCHEMAS)
+                .bind(&self.pattern)
+                .bind(&self.events_table)
+                .fetch_all(&self.pool)
+                .await
+            {
+                Ok(found) => found,
+                Err(error) => {
+                    tracing::warn!(%error, pattern = %self.pattern, "tenant discovery failed; trying again");
+                    continue;
+                }
+            };
+            let gone: Vec<String> = relays
+                .keys()
+                .filter(|schema| !found.contains(schema))
+                .cloned()
+                .collect();
+            for schema in gone {
+                if let Some(running) = relays.remove(&schema) {
+                    let _ = running.stop.send(true);
+                    let _ = running.task.await;
+                    tracing::info!(%schema, "tenant outbox gone: its relay stopped");
+                }
+            }
+            for schema in found {
+                if relays.contains_key(&schema) {
+                    continue;
+                }
+                let tables = match crate::tables::Tables::in_schema(&schema)
+                    .and_then(|t| t.with_events_table(&self.events_table))
+                {
+                    Ok(tables) => tables,
+                    Err(error) => {
+                        tracing::warn!(%error, %schema, "tenant schema skipped");
+                        continue;
+                    }
+                };
+                let store = PgStore::new(self.pool.clone(), tables)
+                    .with_config(self.store_config)
+                    .with_wakeup(Wakeup::Shared(wakeup.clone()));
+                let relay = Relay::new(store, Arc::clone(&self.publisher))
+                    .with_config(self.relay_config.clone());
+                let (stop, mut stopped) = tokio::sync::watch::channel(false);
+                let task = tokio::spawn(async move {
+                    relay
+                        .run(async move {
+                            let _ = stopped.wait_for(|stop| *stop).await;
+                        })
+                        .await;
+                });
+                tracing::info!(%schema, "tenant outbox found: relaying it");
+                relays.insert(schema, Running { stop, task });
+            }
+            if let Ok(mut running) = self.running.lock() {
+                *running = relays.keys().cloned().collect();
+            }
+        }
+        for running in relays.values() {
+            let _ = running.stop.send(true);
+        }
+        for (_, running) in relays {
+            let _ = running.task.await;
+        }
+        if let Ok(mut running) = self.running.lock() {
+            running.clear();
+        }
+    }
+}

@@ -100,6 +100,12 @@ fn literal(text: &str) -> String {
     quoted
 }
 
+/// The schemas whose name matches `$1` (`LIKE`) and that hold a table named `$2`:
+/// the tenants' outboxes for [`crate::TenantDiscovery`].
+pub(crate) const DISCOVER_SCHEMAS: &str = "SELECT n.nspname::text FROM pg_namespace n \
+     JOIN pg_class c ON c.relnamespace = n.oid \
+     WHERE n.nspname LIKE $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') ORDER BY 1";
+
 /// What to do with the followers of a dead-lettered event when ordering is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AfterDeadLetter {

@@ -312,3 +312,104 @@ async fn outboxes_in_two_databases_drain_in_one_group() {
         .await
         .unwrap();
 }
+
+/// Tenants come and go while the discovery runs: a schema created (and migrated)
+/// later is relayed within a discovery interval, a dropped one has its relay
+/// stopped, and the others go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn discovered_tenants_come_and_go_while_relayed() {
+    use pgoutbox_postgres::{migrate, Outbox, Tables, TenantDiscovery};
+
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let prefix = format!("disc_{}", Uuid::new_v4().simple());
+    let tenant = |n: u32| Tables::in_schema(&format!("{prefix}_t{n}")).unwrap();
+    let create = |tables: Tables| {
+        let pool = pool.clone();
+        async move { migrate(&pool, &tables).await.unwrap() }
+    };
+    let publish_one = |tables: Tables| {
+        let pool = pool.clone();
+        async move {
+            let event = NewEvent::new("order", "a", "order.created", &serde_json::json!({}));
+            let mut tx = pool.begin().await.unwrap();
+            Outbox::new(tables).enqueue(&mut tx, &event).await.unwrap();
+            tx.commit().await.unwrap();
+            event.id
+        }
+    };
+    let publisher = Arc::new(RecordingPublisher::new());
+    let shown = |id: Uuid| {
+        let publisher = Arc::clone(&publisher);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !publisher.published_ids().contains(&id) {
+                assert!(
+                    Instant::now() < deadline,
+                    "event {id} not published within 10 s"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+
+    create(tenant(1)).await;
+    let first = publish_one(tenant(1)).await;
+    let discovery = Arc::new(
+        TenantDiscovery::new(
+            pool.clone(),
+            format!("{prefix}\\_t%"),
+            Arc::clone(&publisher) as Arc<dyn DynPublisher>,
+        )
+        .interval(Duration::from_millis(200)),
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn({
+        let discovery = Arc::clone(&discovery);
+        async move {
+            discovery
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        }
+    });
+    shown(first).await;
+
+    // A tenant created while it runs.
+    create(tenant(2)).await;
+    let second = publish_one(tenant(2)).await;
+    shown(second).await;
+    assert_eq!(
+        discovery.tenants(),
+        [format!("{prefix}_t1"), format!("{prefix}_t2")]
+    );
+
+    // A tenant dropped while it runs: its relay stops, the other goes on.
+    sqlx::query(&format!("DROP SCHEMA {}_t1 CASCADE", prefix))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while discovery.tenants().len() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped tenant is still relayed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(discovery.tenants(), [format!("{prefix}_t2")]);
+    let third = publish_one(tenant(2)).await;
+    shown(third).await;
+
+    let _ = stop.send(());
+    running.await.unwrap();
+    assert!(discovery.tenants().is_empty());
+    sqlx::query(&format!("DROP SCHEMA {}_t2 CASCADE", prefix))
+        .execute(&pool)
+        .await
+        .unwrap();
+}

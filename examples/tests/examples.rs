@@ -109,6 +109,28 @@ fn quickstart_publishes_its_orders_and_exits() {
 }
 
 #[test]
+fn tenants_are_relayed_by_one_discovery_including_a_late_one() {
+    let out = run(env!("CARGO_BIN_EXE_tenants"), &[], &[]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let mut per_tenant = std::collections::BTreeMap::<String, usize>::new();
+    for line in stdout.lines() {
+        let event: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let tenant = event["payload"]["tenant"].as_str().unwrap_or_default();
+        *per_tenant.entry(tenant.to_string()).or_default() += 1;
+    }
+    let expected: std::collections::BTreeMap<String, usize> = [("a", 2), ("b", 2), ("c", 2)]
+        .map(|(t, n)| (t.to_string(), n))
+        .into();
+    assert_eq!(per_tenant, expected, "{stdout}");
+    assert!(
+        stderr.contains("tenants: relayed example_tenant_a, example_tenant_b, example_tenant_c"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn help_describes_every_example_and_bad_arguments_are_named() {
     for bin in [
         env!("CARGO_BIN_EXE_quickstart"),

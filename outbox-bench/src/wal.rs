@@ -176,6 +176,47 @@ async fn run_while<S: Store, P: Publisher, T>(
     out
 }
 
+/// A relay over a fresh slot of the benchmark's outbox.
+async fn wal_relay<P: Publisher>(
+    bench: &Bench,
+    publisher: P,
+    config: RelayConfig,
+) -> Result<Relay<WalStore, P>> {
+    let (_, source) = fresh_slot(bench).await?;
+    let store = WalStore::new(bench.pool.clone(), bench.tables.clone(), source);
+    Ok(Relay::new(store, publisher).with_config(config))
+}
+
+/// Offer `total` events at `rate` while `relay` runs, until all are published;
+/// their commit times.
+async fn offered_while<S: Store>(
+    relay: &Relay<S, Stamping>,
+    bench: &Bench,
+    under: &Under,
+    rate: u64,
+    total: u64,
+) -> Result<Vec<(Uuid, Instant)>> {
+    let publisher = relay.publisher();
+    run_while(relay, async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let committed = offer(bench, under, rate, total).await?;
+        published(publisher, total, Duration::from_secs(30)).await?;
+        Ok(committed)
+    })
+    .await
+}
+
+/// How long `relay` takes to publish `n` events.
+async fn drained_by<S: Store>(relay: &Relay<S, Stamping>, n: u64) -> Result<Duration> {
+    let started = Instant::now();
+    run_while(
+        relay,
+        published(relay.publisher(), n, Duration::from_secs(600)),
+    )
+    .await?;
+    Ok(started.elapsed())
+}
+
 /// One event per transaction at `rate` for `total` events; commit times.
 async fn offer(
     bench: &Bench,
@@ -186,21 +227,16 @@ async fn offer(
     let committed: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
     let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let wal = WalOutbox::new(&bench.tables);
+    let outbox = bench.outbox.clone().with_wal(matches!(under, Under::Wal));
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..total {
         ticks.tick().await;
-        let (pool, outbox, wal) = (bench.pool.clone(), bench.outbox.clone(), wal.clone());
+        let (pool, outbox) = (bench.pool.clone(), outbox.clone());
         let committed = Arc::clone(&committed);
-        let table = matches!(under, Under::Table);
         tasks.spawn(async move {
             let mut tx = pool.begin().await?;
             let e = event(i, 10_000);
-            if table {
-                outbox.enqueue(&mut tx, &e).await?;
-            } else {
-                wal.enqueue(&mut tx, &e).await?;
-            }
+            outbox.enqueue(&mut tx, &e).await?;
             tx.commit().await?;
             let now = Instant::now();
             if let Ok(mut c) = committed.lock() {
@@ -300,12 +336,12 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
         } else {
             "WAL mode in the commit's round trip, relay running"
         });
-        let (_, source) = fresh_slot(&bench).await?;
-        let relay = Relay::new(
-            WalStore::new(bench.pool.clone(), bench.tables.clone(), source.clone()),
+        let relay = wal_relay(
+            &bench,
             Stamping::default(),
+            RelayConfig::default().workers(1),
         )
-        .with_config(RelayConfig::default().workers(1));
+        .await?;
         wal_rates.push(run_while(&relay, write_for(&bench, args.writers, duration, work)).await?);
         drop(relay);
     }
@@ -331,26 +367,12 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
                 let store = bench.store(3).await?.with_wakeup(Mode::Adaptive.wakeup());
                 let relay =
                     Relay::new(store, publisher.clone()).with_config(RelayConfig::default());
-                run_while(&relay, async {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    let c = offer(&bench, &under, args.rate, total).await?;
-                    published(&publisher, total, Duration::from_secs(30)).await?;
-                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(c)
-                })
-                .await?
+                offered_while(&relay, &bench, &under, args.rate, total).await?
             }
             Under::Wal => {
-                let (_, source) = fresh_slot(&bench).await?;
-                let store = WalStore::new(bench.pool.clone(), bench.tables.clone(), source);
-                let relay = Relay::new(store, publisher.clone())
-                    .with_config(RelayConfig::default().workers(1));
-                run_while(&relay, async {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    let c = offer(&bench, &under, args.rate, total).await?;
-                    published(&publisher, total, Duration::from_secs(30)).await?;
-                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(c)
-                })
-                .await?
+                let config = RelayConfig::default().workers(1);
+                let relay = wal_relay(&bench, publisher.clone(), config).await?;
+                offered_while(&relay, &bench, &under, args.rate, total).await?
             }
         };
         let (p50, p99, max) = percentiles(&committed, &publisher)?;
@@ -374,28 +396,14 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
                 let store = bench.store(3).await?;
                 let relay = Relay::new(store, publisher.clone())
                     .with_config(RelayConfig::default().batch_size(1000).workers(2));
-                let started = Instant::now();
-                run_while(
-                    &relay,
-                    published(&publisher, args.backlog, Duration::from_secs(600)),
-                )
-                .await?;
-                started.elapsed()
+                drained_by(&relay, args.backlog).await?
             }
             Under::Wal => {
                 progress(format!("WAL mode: {} events backlog", args.backlog));
-                let (_, source) = fresh_slot(&bench).await?;
+                let config = RelayConfig::default().batch_size(1000).workers(1);
+                let relay = wal_relay(&bench, publisher.clone(), config).await?;
                 emit_backlog(&bench, args.backlog).await?;
-                let store = WalStore::new(bench.pool.clone(), bench.tables.clone(), source);
-                let relay = Relay::new(store, publisher.clone())
-                    .with_config(RelayConfig::default().batch_size(1000).workers(1));
-                let started = Instant::now();
-                run_while(
-                    &relay,
-                    published(&publisher, args.backlog, Duration::from_secs(600)),
-                )
-                .await?;
-                started.elapsed()
+                drained_by(&relay, args.backlog).await?
             }
         };
         let rate = args.backlog as f64 / seconds.as_secs_f64();

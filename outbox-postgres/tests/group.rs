@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
+mod common;
+
+use common::fill;
 use pgoutbox_core::testing::{check_first_arrivals, RecordingPublisher};
 use pgoutbox_core::{telemetry, DynPublisher, NewEvent, RelayConfig};
 use pgoutbox_postgres::testing::{database_url, TestOutbox};
@@ -64,23 +67,12 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
     let mut tenants = Vec::new();
     for _ in 0..TENANTS {
         let outbox = TestOutbox::with_pool(pool.clone()).await.unwrap();
-        let mut runs = Vec::new();
-        let mut events = Vec::new();
-        for a in 0..AGGREGATES {
-            let run: Vec<NewEvent> = (0..EVENTS_PER_AGGREGATE)
-                .map(|n| {
-                    NewEvent::new(
-                        "order",
-                        format!("a{a}"),
-                        "order.created",
-                        &serde_json::json!({ "n": n }),
-                    )
-                })
-                .collect();
-            runs.push(run.iter().map(|e| e.id).collect::<Vec<_>>());
-            events.extend(run);
-        }
-        outbox.enqueue_committed(&events).await.unwrap();
+        // Inserted interleaved (a0#0, a1#0, a2#0, a0#1, ...): each aggregate's run
+        // is every third id.
+        let ids = fill(&outbox, AGGREGATES, EVENTS_PER_AGGREGATE).await;
+        let runs: Vec<Vec<Uuid>> = (0..AGGREGATES)
+            .map(|a| ids.iter().skip(a).step_by(AGGREGATES).copied().collect())
+            .collect();
         tenants.push((outbox, runs, Arc::new(RecordingPublisher::new())));
     }
 
@@ -268,18 +260,7 @@ async fn outboxes_in_two_databases_drain_in_one_group() {
     let mut tenants = Vec::new();
     for pool in [&here, &here, &there, &there] {
         let outbox = TestOutbox::with_pool(pool.clone()).await.unwrap();
-        let events: Vec<NewEvent> = (0..5)
-            .map(|n| {
-                NewEvent::new(
-                    "order",
-                    "a",
-                    "order.created",
-                    &serde_json::json!({ "n": n }),
-                )
-            })
-            .collect();
-        outbox.enqueue_committed(&events).await.unwrap();
-        let run: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+        let run = fill(&outbox, 1, 5).await;
         tenants.push((outbox, run, Arc::new(RecordingPublisher::new())));
     }
     let mut group = RelayGroup::new();

@@ -5,6 +5,8 @@
 #![cfg(feature = "wal")]
 #![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use pgoutbox_core::NewEvent;
@@ -296,11 +298,6 @@ async fn with_wal_switches_the_same_outbox_calls_to_the_wal() {
     let outbox = TestOutbox::new().await.unwrap();
     let slot = TestSlot::create(&outbox).await;
     let mut stream = slot.stream(&WalOutbox::new(&outbox.tables)).await;
-    let pending = format!(
-        "SELECT count(*) FROM {}.{}",
-        outbox.tables.schema().quoted(),
-        outbox.tables.events().quoted()
-    );
     for wal in [true, false] {
         let writer = Outbox::new(outbox.tables.clone()).with_wal(wal);
         assert_eq!(writer.is_wal(), wal);
@@ -312,10 +309,7 @@ async fn with_wal_switches_the_same_outbox_calls_to_the_wal() {
             .commit(tx, std::slice::from_ref(&committed))
             .await
             .unwrap();
-        let rows: i64 = sqlx::query_scalar(&pending)
-            .fetch_one(&outbox.pool)
-            .await
-            .unwrap();
+        let rows = common::remaining(&outbox).await;
         let written = [one.id, many[0].id, many[1].id, committed.id];
         if wal {
             assert_eq!(rows, 0, "WAL mode wrote to the table");

@@ -102,10 +102,7 @@ impl EnvOverrides for AmqpSettings {
     fn with(mut self, vars: &Vars) -> Result<Self> {
         self.url = vars.text(ENV_URL).or(self.url);
         self.exchange = vars.text(ENV_EXCHANGE).or(self.exchange);
-        self.timeout = vars
-            .millis(ENV_TIMEOUT_MS)
-            .map_err(|e| Error::config(e.var, format!("`{}`: {}", e.value, e.reason)))?
-            .or(self.timeout);
+        self.timeout = vars.millis(ENV_TIMEOUT_MS)?.or(self.timeout);
         self.connection_name = vars.text(ENV_CONNECTION_NAME).or(self.connection_name);
         self.password_file = vars.path(ENV_PASSWORD_FILE).or(self.password_file);
         self.tls_ca = vars.path(ENV_TLS_CA).or(self.tls_ca);

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pgoutbox_core::envelope::Envelope;
-use pgoutbox_core::settings::{EnvOverrides, HumanDuration, VarError, Vars};
+use pgoutbox_core::settings::{EnvOverrides, HumanDuration, Vars};
 use rdkafka::config::ClientConfig;
 use serde::Deserialize;
 
@@ -78,22 +78,13 @@ impl EnvOverrides for KafkaSettings {
     /// | `OUTBOX_KAFKA_SASL_PASSWORD_FILE` | `sasl_password_file` |
     /// | `OUTBOX_KAFKA_RDKAFKA_<NAME>` | `properties`: `<name>` lower-cased, `_` turned into `.` |
     fn with(mut self, vars: &Vars) -> Result<Self> {
-        let invalid = |e: VarError| Error::InvalidEnv {
-            var: e.var,
-            value: e.value,
-            reason: e.reason,
-        };
         self.brokers = vars.text(ENV_BROKERS).or(self.brokers);
         self.topic_prefix = vars.text(ENV_TOPIC_PREFIX).or(self.topic_prefix);
         self.topic = vars.text(ENV_TOPIC).or(self.topic);
         self.delivery_timeout = vars
-            .millis(ENV_DELIVERY_TIMEOUT_MS)
-            .map_err(invalid)?
+            .millis(ENV_DELIVERY_TIMEOUT_MS)?
             .or(self.delivery_timeout);
-        self.queue_timeout = vars
-            .millis(ENV_QUEUE_TIMEOUT_MS)
-            .map_err(invalid)?
-            .or(self.queue_timeout);
+        self.queue_timeout = vars.millis(ENV_QUEUE_TIMEOUT_MS)?.or(self.queue_timeout);
         self.sasl_password_file = vars
             .path(ENV_SASL_PASSWORD_FILE)
             .or(self.sasl_password_file);

@@ -78,3 +78,13 @@ impl Error {
         }
     }
 }
+
+impl From<pgoutbox_core::settings::VarError> for Error {
+    fn from(e: pgoutbox_core::settings::VarError) -> Self {
+        Self::InvalidEnv {
+            var: e.var,
+            value: e.value,
+            reason: e.reason,
+        }
+    }
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_nats::ServerAddr;
 use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::redact_url;
-use pgoutbox_core::settings::{EnvOverrides, HumanDuration, VarError, Vars};
+use pgoutbox_core::settings::{EnvOverrides, HumanDuration, Vars};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -172,21 +172,15 @@ impl EnvOverrides for NatsSettings {
     fn with(mut self, vars: &Vars) -> Result<Self> {
         self.url = vars.text(ENV_URL).or(self.url);
         self.subject_prefix = vars.text(ENV_SUBJECT_PREFIX).or(self.subject_prefix);
-        self.timeout = vars.millis(ENV_TIMEOUT_MS).map_err(var)?.or(self.timeout);
-        self.max_in_flight = vars
-            .parse(ENV_MAX_IN_FLIGHT)
-            .map_err(var)?
-            .or(self.max_in_flight);
+        self.timeout = vars.millis(ENV_TIMEOUT_MS)?.or(self.timeout);
+        self.max_in_flight = vars.parse(ENV_MAX_IN_FLIGHT)?.or(self.max_in_flight);
         self.client_name = vars.text(ENV_CLIENT_NAME).or(self.client_name);
         self.user = vars.text(ENV_USER).or(self.user);
         self.password = vars.text(ENV_PASSWORD).or(self.password);
         self.token = vars.text(ENV_TOKEN).or(self.token);
         self.password_file = vars.path(ENV_PASSWORD_FILE).or(self.password_file);
         self.token_file = vars.path(ENV_TOKEN_FILE).or(self.token_file);
-        self.tls_required = vars
-            .parse(ENV_TLS_REQUIRED)
-            .map_err(var)?
-            .or(self.tls_required);
+        self.tls_required = vars.parse(ENV_TLS_REQUIRED)?.or(self.tls_required);
         self.tls_ca = vars.path(ENV_TLS_CA).or(self.tls_ca);
         self.tls_cert = vars.path(ENV_TLS_CERT).or(self.tls_cert);
         self.tls_key = vars.path(ENV_TLS_KEY).or(self.tls_key);
@@ -194,10 +188,6 @@ impl EnvOverrides for NatsSettings {
         self.nkey_file = vars.path(ENV_NKEY_FILE).or(self.nkey_file);
         Ok(self)
     }
-}
-
-fn var(e: VarError) -> Error {
-    Error::config(e.var, format!("`{}`: {}", e.value, e.reason))
 }
 
 impl std::fmt::Debug for NatsConfig {

@@ -63,3 +63,10 @@ impl Error {
         }
     }
 }
+
+/// A variable laid over the settings that cannot be read: the variable is the field.
+impl From<pgoutbox_core::settings::VarError> for Error {
+    fn from(e: pgoutbox_core::settings::VarError) -> Self {
+        Self::config(e.var, format!("`{}`: {}", e.value, e.reason))
+    }
+}

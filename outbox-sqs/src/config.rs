@@ -67,14 +67,7 @@ impl EnvOverrides for SqsSettings {
         self.queue_prefix = vars.text(ENV_QUEUE_PREFIX).or(self.queue_prefix);
         self.endpoint = vars.text(ENV_ENDPOINT).or(self.endpoint);
         self.region = vars.text(ENV_REGION).or(self.region);
-        self.timeout = vars
-            .millis(ENV_TIMEOUT_MS)
-            .map_err(|e| Error::InvalidEnv {
-                var: e.var,
-                value: e.value,
-                reason: e.reason,
-            })?
-            .or(self.timeout);
+        self.timeout = vars.millis(ENV_TIMEOUT_MS)?.or(self.timeout);
         Ok(self)
     }
 }

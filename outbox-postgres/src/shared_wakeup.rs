@@ -116,6 +116,11 @@ impl SharedWakeup {
         }
     }
 
+    /// The shortest probe interval: also the base of a contended relay's backoff.
+    pub(crate) fn fast(&self) -> Duration {
+        self.inner.fast
+    }
+
     /// Wait until `call` (an outbox's probe call, e.g. `s.f(true, 0)`) answers
     /// true, at most `timeout`; `found_at`: when its relay last found events.
     /// Returns whether the probe saw due events.

@@ -226,8 +226,7 @@ impl Waker {
             }
             Wakeup::Notify { url } => self.wait_notified(pool, url.as_deref(), timeout).await,
             Wakeup::Shared(shared) => {
-                self.pause_if_contended(Duration::from_millis(1), timeout)
-                    .await;
+                self.pause_if_contended(shared.fast(), timeout).await;
                 let call = probe.sql.probe_due_call(probe.ordered, probe.walk_start);
                 let found = self.last_found.load(Ordering::Relaxed);
                 let found_at = (found > 0).then(|| self.epoch + Duration::from_micros(found));

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use pgoutbox_core::{DynPublisher, Relay, RelayConfig};
+use pgoutbox_core::{BrokerHealth, DynPublisher, Liveness, Relay, RelayConfig};
 
 use crate::shared_wakeup::SharedWakeup;
 use crate::store::PgStore;
@@ -11,6 +11,54 @@ use crate::wakeup::Wakeup;
 
 /// The relay of one outbox of a [`RelayGroup`].
 pub type GroupRelay = Relay<PgStore, Arc<dyn DynPublisher>>;
+
+/// One running outbox of a [`RelayGroup`] or a [`TenantDiscovery`], as a process
+/// serving them reports on it: its name (the `outbox` label), its store (for
+/// stats and retention) and its relay's health.
+#[derive(Clone)]
+pub struct Member {
+    /// The outbox's name in metrics and logs.
+    pub name: String,
+    /// Its store.
+    pub store: PgStore,
+    /// When each of its claim loops last finished a cycle.
+    pub liveness: Arc<Liveness>,
+    /// Whether its relay is in a broker outage.
+    pub broker_health: Arc<BrokerHealth>,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Member {
+    fn of(relay: &GroupRelay) -> Self {
+        Self {
+            name: relay.name().to_string(),
+            store: relay.store().clone(),
+            liveness: relay.liveness(),
+            broker_health: relay.broker_health(),
+        }
+    }
+}
+
+/// The schemas of the database that match `pattern` (SQL `LIKE`) and hold a table
+/// named `events_table`, sorted: the tenants a [`TenantDiscovery`] would relay now.
+pub async fn tenant_schemas(
+    pool: &sqlx::PgPool,
+    pattern: &str,
+    events_table: &str,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(crate::sql::DISCOVER_SCHEMAS)
+        .bind(pattern)
+        .bind(events_table)
+        .fetch_all(pool)
+        .await
+}
 
 /// Many outboxes relayed by one process: schemas or tables of tenants, in one
 /// database or several.
@@ -82,6 +130,27 @@ impl RelayGroup {
         self
     }
 
+    /// [`add`](Self::add), with the outbox named `name` in metrics and logs
+    /// instead of `schema.table` (two databases may both hold `public.outbox_events`).
+    pub fn add_named(
+        &mut self,
+        name: impl Into<String>,
+        store: PgStore,
+        publisher: Arc<dyn DynPublisher>,
+        config: RelayConfig,
+    ) -> &mut Self {
+        self.add(store, publisher, config);
+        if let Some(relay) = self.relays.pop() {
+            self.relays.push(relay.with_name(name));
+        }
+        self
+    }
+
+    /// Each outbox's name, store and health, in the order they were added.
+    pub fn members(&self) -> Vec<Member> {
+        self.relays.iter().map(Member::of).collect()
+    }
+
     /// The relays, in the order they were added (their stats, their stores).
     pub fn relays(&self) -> &[GroupRelay] {
         &self.relays
@@ -92,12 +161,10 @@ impl RelayGroup {
         self.wakeups.len()
     }
 
-    /// The outboxes' names (`schema.table`), in the order they were added.
+    /// The outboxes' names (`schema.table` or the name given to
+    /// [`add_named`](Self::add_named)), in the order they were added.
     pub fn names(&self) -> Vec<String> {
-        self.relays
-            .iter()
-            .map(|r| r.store().outbox().tables().outbox_name())
-            .collect()
+        self.relays.iter().map(|r| r.name().to_string()).collect()
     }
 
     /// Run every relay until `shutdown` completes; each finishes its batches in
@@ -151,7 +218,8 @@ pub struct TenantDiscovery {
     publisher: Arc<dyn DynPublisher>,
     relay_config: RelayConfig,
     store_config: crate::store::StoreConfig,
-    running: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// The tenants relayed now, by schema.
+    running: Arc<std::sync::Mutex<std::collections::BTreeMap<String, Member>>>,
 }
 
 impl std::fmt::Debug for TenantDiscovery {
@@ -168,6 +236,7 @@ impl std::fmt::Debug for TenantDiscovery {
 struct Running {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    member: Member,
 }
 
 impl TenantDiscovery {
@@ -191,6 +260,15 @@ impl TenantDiscovery {
             store_config: crate::store::StoreConfig::default(),
             running: Arc::default(),
         }
+    }
+
+    /// The events table each tenant schema holds (and is found by). Defaults to
+    /// `outbox_events`; an invalid name is an error of [`run`](Self::run)'s relays,
+    /// logged per schema.
+    #[must_use]
+    pub fn events_table(mut self, name: impl Into<String>) -> Self {
+        self.events_table = name.into();
+        self
     }
 
     /// Look for new and dropped schemas this often. Defaults to 30 s.
@@ -218,7 +296,15 @@ impl TenantDiscovery {
     pub fn tenants(&self) -> Vec<String> {
         self.running
             .lock()
-            .map(|r| r.iter().cloned().collect())
+            .map(|r| r.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Each tenant relayed now: its name, store and health, sorted by schema.
+    pub fn members(&self) -> Vec<Member> {
+        self.running
+            .lock()
+            .map(|r| r.values().cloned().collect())
             .unwrap_or_default()
     }
 
@@ -236,12 +322,7 @@ impl TenantDiscovery {
                 _ = ticks.tick() => {}
                 _ = &mut shutdown => break,
             }
-            let found: Vec<String> = match sqlx::query_scalar(crate::sql::DISCOVER_SCHEMAS)
-                .bind(&self.pattern)
-                .bind(&self.events_table)
-                .fetch_all(&self.pool)
-                .await
-            {
+            let found = match tenant_schemas(&self.pool, &self.pattern, &self.events_table).await {
                 Ok(found) => found,
                 Err(error) => {
                     tracing::warn!(%error, pattern = %self.pattern, "tenant discovery failed; trying again");
@@ -278,6 +359,7 @@ impl TenantDiscovery {
                     .with_wakeup(Wakeup::Shared(wakeup.clone()));
                 let relay = Relay::new(store, Arc::clone(&self.publisher))
                     .with_config(self.relay_config.clone());
+                let member = Member::of(&relay);
                 let (stop, mut stopped) = tokio::sync::watch::channel(false);
                 let task = tokio::spawn(async move {
                     relay
@@ -287,10 +369,13 @@ impl TenantDiscovery {
                         .await;
                 });
                 tracing::info!(%schema, "tenant outbox found: relaying it");
-                relays.insert(schema, Running { stop, task });
+                relays.insert(schema, Running { stop, task, member });
             }
             if let Ok(mut running) = self.running.lock() {
-                *running = relays.keys().cloned().collect();
+                *running = relays
+                    .iter()
+                    .map(|(schema, r)| (schema.clone(), r.member.clone()))
+                    .collect();
             }
         }
         for running in relays.values() {

@@ -36,7 +36,7 @@ pub use cleanup::Cleanup;
 pub use dead_letters::DeadLetters;
 pub use enqueue::{enqueue, Outbox};
 pub use error::{Error, Result};
-pub use group::{GroupRelay, RelayGroup, TenantDiscovery};
+pub use group::{tenant_schemas, GroupRelay, Member, RelayGroup, TenantDiscovery};
 pub use ident::Ident;
 pub use inbox::{Inbox, InboxError, Processed};
 pub use migrate::{inbox_script, migrate, migrate_inbox, migration_script, unapplied_migrations};

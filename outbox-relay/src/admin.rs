@@ -4,29 +4,40 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
 use pgoutbox_core::{DeadLetter, DeadLetterAdmin, DeadLetterFilter, Publisher, StatsAdmin};
-use pgoutbox_postgres::{Cleanup, DeadLetters, PgStore, Retention, Wakeup};
+use pgoutbox_postgres::{Cleanup, DeadLetters, PgStore, Retention, Tables, Wakeup};
 use serde_json::json;
-use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::broker::{Prepare, Spec};
 use crate::config::Settings;
-use crate::db::{self, Role};
+use crate::db;
 use crate::failure::{self, Failure};
+use crate::targets::{self, Pools, Target};
 
 /// Dead letters shown by a dry run or before a confirmation.
 const PREVIEW: u32 = 20;
 /// Most due events probed for locks by `stats` (the probe locks each row briefly).
 const IN_FLIGHT_PROBE_LIMIT: u32 = 10_000;
 
-async fn connect(settings: &Settings) -> Result<PgPool, Failure> {
-    db::connect(settings.database()?, Role::Admin).await
+/// The outboxes of an admin command (all, or the one `--outbox` names), each
+/// checked to be migrated, with the pools they are on.
+async fn migrated_targets(
+    settings: &Settings,
+    selector: Option<&str>,
+) -> Result<(Pools, Vec<Target>), Failure> {
+    let mut pools = Pools::default();
+    let targets = targets::resolve(settings, &mut pools, selector).await?;
+    for target in &targets {
+        db::ensure_migrated(&target.pool, &target.tables).await?;
+    }
+    Ok((pools, targets))
 }
 
-async fn connect_migrated(settings: &Settings) -> Result<PgPool, Failure> {
-    let pool = connect(settings).await?;
-    db::ensure_migrated(&pool, &settings.tables).await?;
-    Ok(pool)
+/// Before each outbox's part of a command's output, when it acts on several.
+fn heading(targets: &[Target], target: &Target) {
+    if targets.len() > 1 {
+        println!("== outbox {} ==", target.name);
+    }
 }
 
 /// Options of `outbox migrate`.
@@ -51,71 +62,118 @@ pub(crate) struct MigrateArgs {
     inbox_only: bool,
 }
 
-/// `outbox migrate`.
-pub(crate) async fn migrate(settings: &Settings, args: &MigrateArgs) -> Result<(), Failure> {
-    let t = &settings.tables;
+/// `outbox migrate`: every configured outbox (and the `[tenants]` schemas that
+/// exist, to bring them up to date), or the one `--outbox` names.
+pub(crate) async fn migrate(
+    settings: &Settings,
+    args: &MigrateArgs,
+    selector: Option<&str>,
+) -> Result<(), Failure> {
     if args.print_sql {
+        return print_sql(settings, args, selector);
+    }
+    let mut pools = Pools::default();
+    let targets = targets::resolve(settings, &mut pools, selector).await?;
+    for target in &targets {
+        let (pool, t) = (&target.pool, &target.tables);
+        if args.inbox_only {
+            pgoutbox_postgres::migrate_inbox(pool, t)
+                .await
+                .map_err(failure::db("migrate --inbox-only"))?;
+            println!("inbox is up to date: {}.{}", t.schema(), t.inbox());
+            continue;
+        }
+        pgoutbox_postgres::migrate(pool, t)
+            .await
+            .map_err(failure::db("migrate"))?;
+        if matches!(settings.wakeup, Wakeup::Notify { .. }) {
+            pgoutbox_postgres::install_notify_trigger(pool, t)
+                .await
+                .map_err(failure::db("installing the notify trigger"))?;
+            println!("relay.wakeup = \"notify\": notify trigger installed (it costs producers throughput; see docs/operations.md)");
+        }
+        println!(
+            "outbox schema is up to date: {}.{} (dead letters view {}, inbox {})",
+            t.schema(),
+            t.events(),
+            t.dead_letters(),
+            t.inbox()
+        );
+        if let Some(wal) = &settings.wal {
+            let created = pgoutbox_postgres::wal::slot::create(pool, &wal.slot, &wal.publication)
+                .await
+                .map_err(failure::db("creating the WAL outbox's slot"))?;
+            println!(
+                "WAL outbox: replication slot {} {} (publication {})",
+                wal.slot,
+                if created { "created" } else { "exists" },
+                wal.publication
+            );
+        }
+    }
+    pools.close().await;
+    Ok(())
+}
+
+/// `outbox migrate --print-sql`: the script of each configured outbox, without a
+/// connection (so not the `[tenants]` schemas, which are found in the database).
+fn print_sql(
+    settings: &Settings,
+    args: &MigrateArgs,
+    selector: Option<&str>,
+) -> Result<(), Failure> {
+    let named: Vec<(String, &Tables)> = if settings.grouped() {
+        settings
+            .outboxes
+            .iter()
+            .map(|o| (o.name.clone(), &o.tables))
+            .collect()
+    } else {
+        vec![(settings.tables.outbox_name(), &settings.tables)]
+    };
+    let chosen: Vec<&(String, &Tables)> = named
+        .iter()
+        .filter(|(name, t)| {
+            selector.is_none_or(|s| s == name || s == t.outbox_name() || s == t.schema().as_str())
+        })
+        .collect();
+    if chosen.is_empty() {
+        return Err(Failure::config(format!(
+            "--outbox {}: no configured outbox of that name (the [tenants] schemas are not listed without a connection)",
+            selector.unwrap_or_default()
+        )));
+    }
+    for (name, t) in chosen {
+        if named.len() > 1 {
+            println!("-- outbox {name}");
+        }
         let script = if args.inbox_only {
             pgoutbox_postgres::inbox_script(t)
         } else {
             pgoutbox_postgres::migration_script(t, args.after)
         };
         print!("{script}");
-        return Ok(());
     }
-    let pool = connect(settings).await?;
-    if args.inbox_only {
-        pgoutbox_postgres::migrate_inbox(&pool, t)
-            .await
-            .map_err(failure::db("migrate --inbox-only"))?;
-        println!("inbox is up to date: {}.{}", t.schema(), t.inbox());
-        pool.close().await;
-        return Ok(());
-    }
-    pgoutbox_postgres::migrate(&pool, &settings.tables)
-        .await
-        .map_err(failure::db("migrate"))?;
-    if matches!(settings.wakeup, Wakeup::Notify { .. }) {
-        pgoutbox_postgres::install_notify_trigger(&pool, &settings.tables)
-            .await
-            .map_err(failure::db("installing the notify trigger"))?;
-        println!("relay.wakeup = \"notify\": notify trigger installed (it costs producers throughput; see docs/operations.md)");
-    }
-    println!(
-        "outbox schema is up to date: {}.{} (dead letters view {}, inbox {})",
-        t.schema(),
-        t.events(),
-        t.dead_letters(),
-        t.inbox()
-    );
-    if let Some(wal) = &settings.wal {
-        let created = pgoutbox_postgres::wal::slot::create(&pool, &wal.slot, &wal.publication)
-            .await
-            .map_err(failure::db("creating the WAL outbox's slot"))?;
-        println!(
-            "WAL outbox: replication slot {} {} (publication {})",
-            wal.slot,
-            if created { "created" } else { "exists" },
-            wal.publication
-        );
-    }
-    pool.close().await;
     Ok(())
 }
 
 /// `outbox check`: the configuration (already read), the database, the broker.
-pub(crate) async fn check(settings: &Settings, broker: Spec) -> Result<(), Failure> {
+pub(crate) async fn check(
+    settings: &Settings,
+    broker: Spec,
+    selector: Option<&str>,
+) -> Result<(), Failure> {
     println!("config    ok");
-    let pool = connect_migrated(settings).await?;
-    println!(
-        "database  ok: reachable, outbox {} migrated",
-        settings.tables.outbox_name()
-    );
-    if let Some(wal) = &settings.wal {
-        pgoutbox_postgres::wal::slot::check_wal_level(&pool)
+    let (pools, targets) = migrated_targets(settings, selector).await?;
+    for target in &targets {
+        println!("database  ok: reachable, outbox {} migrated", target.name);
+    }
+    if let (Some(wal), Some(target)) = (&settings.wal, targets.first()) {
+        let pool = &target.pool;
+        pgoutbox_postgres::wal::slot::check_wal_level(pool)
             .await
             .map_err(|e| Failure::config(e.to_string()))?;
-        if !pgoutbox_postgres::wal::slot::exists(&pool, &wal.slot)
+        if !pgoutbox_postgres::wal::slot::exists(pool, &wal.slot)
             .await
             .map_err(failure::db("check: the WAL slot"))?
         {
@@ -129,7 +187,7 @@ pub(crate) async fn check(settings: &Settings, broker: Spec) -> Result<(), Failu
             wal.slot
         );
     }
-    pool.close().await;
+    pools.close().await;
     let name = broker.name().to_string();
     let publisher = broker.build(Prepare::No).await?;
     let limit = settings.check_timeout;
@@ -149,9 +207,26 @@ pub(crate) async fn check(settings: &Settings, broker: Spec) -> Result<(), Failu
 }
 
 /// `outbox stats`.
-pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Failure> {
-    let pool = connect_migrated(settings).await?;
-    let store = PgStore::new(pool.clone(), settings.tables.clone());
+pub(crate) async fn stats(
+    settings: &Settings,
+    as_json: bool,
+    selector: Option<&str>,
+) -> Result<(), Failure> {
+    let (pools, targets) = migrated_targets(settings, selector).await?;
+    for target in &targets {
+        if !as_json {
+            heading(&targets, target);
+        }
+        stats_of(settings, target, as_json).await?;
+    }
+    pools.close().await;
+    Ok(())
+}
+
+/// One outbox's `stats`.
+async fn stats_of(settings: &Settings, target: &Target, as_json: bool) -> Result<(), Failure> {
+    let pool = &target.pool;
+    let store = PgStore::new(pool.clone(), target.tables.clone());
     let stats = StatsAdmin::stats(&store)
         .await
         .map_err(failure::store("stats"))?;
@@ -162,7 +237,7 @@ pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Fail
     let age = Duration::from_secs(stats.oldest_pending_age.as_secs());
     // WAL mode: how much WAL the slot's reader has not acknowledged yet.
     let slot_lag = match &settings.wal {
-        Some(wal) => pgoutbox_postgres::wal::slot::lag_bytes(&pool, &wal.slot)
+        Some(wal) => pgoutbox_postgres::wal::slot::lag_bytes(pool, &wal.slot)
             .await
             .map_err(failure::db("stats: slot lag"))?
             .map(|bytes| (wal.slot.as_str().to_string(), bytes))
@@ -177,6 +252,7 @@ pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Fail
     };
     if as_json {
         let mut line = json!({
+            "outbox": target.name,
             "pending": stats.pending,
             "scheduled": stats.scheduled,
             "in_flight": in_flight,
@@ -209,36 +285,38 @@ pub(crate) async fn stats(settings: &Settings, as_json: bool) -> Result<(), Fail
             println!("WAL slot {slot} lag  {bytes} bytes not yet acknowledged");
         }
     }
-    pool.close().await;
     Ok(())
 }
 
-/// `outbox cleanup`: one retention pass.
-pub(crate) async fn cleanup(settings: &Settings) -> Result<(), Failure> {
-    let pool = connect_migrated(settings).await?;
-    let store = PgStore::new(pool.clone(), settings.tables.clone());
-    let cleanup = Cleanup::new(pool.clone(), store.outbox())
-        .with_batch_size(settings.retention.cleanup_batch_size);
-    let (events, inbox) = crate::serve::clean_once(&cleanup, &cleanup.name(), &settings.retention)
-        .await
-        .map_err(failure::store("cleanup"))?;
-    match settings.retention.published {
-        Retention::Keep(age) => println!(
-            "deleted {events} published event(s) older than {}",
-            humantime::format_duration(age)
-        ),
-        Retention::Delete => println!(
-            "retention.published = \"delete\": published events are deleted when published; none to clean"
-        ),
+/// `outbox cleanup`: one retention pass over each outbox.
+pub(crate) async fn cleanup(settings: &Settings, selector: Option<&str>) -> Result<(), Failure> {
+    let (pools, targets) = migrated_targets(settings, selector).await?;
+    for target in &targets {
+        heading(&targets, target);
+        let store = PgStore::new(target.pool.clone(), target.tables.clone());
+        let cleanup = Cleanup::new(target.pool.clone(), store.outbox())
+            .with_batch_size(settings.retention.cleanup_batch_size);
+        let (events, inbox) = crate::serve::clean_once(&cleanup, &target.name, &settings.retention)
+            .await
+            .map_err(failure::store("cleanup"))?;
+        match settings.retention.published {
+            Retention::Keep(age) => println!(
+                "deleted {events} published event(s) older than {}",
+                humantime::format_duration(age)
+            ),
+            Retention::Delete => println!(
+                "retention.published = \"delete\": published events are deleted when published; none to clean"
+            ),
+        }
+        match settings.retention.inbox {
+            Some(age) => println!(
+                "deleted {inbox} inbox record(s) older than {}",
+                humantime::format_duration(age)
+            ),
+            None => println!("retention.inbox not set: inbox records kept"),
+        }
     }
-    match settings.retention.inbox {
-        Some(age) => println!(
-            "deleted {inbox} inbox record(s) older than {}",
-            humantime::format_duration(age)
-        ),
-        None => println!("retention.inbox not set: inbox records kept"),
-    }
-    pool.close().await;
+    pools.close().await;
     Ok(())
 }
 
@@ -323,38 +401,77 @@ pub(crate) enum DeadLettersCommand {
     },
 }
 
-/// Run a `dead-letters` subcommand.
+/// Run a `dead-letters` subcommand on each outbox (`show`: the one holding the id).
 pub(crate) async fn dead_letters(
     settings: &Settings,
     command: DeadLettersCommand,
+    selector: Option<&str>,
 ) -> Result<(), Failure> {
-    let pool = connect_migrated(settings).await?;
-    let store = PgStore::new(pool.clone(), settings.tables.clone());
-    let admin = DeadLetters::new(pool.clone(), store.outbox());
-    let result = match command {
-        DeadLettersCommand::List {
-            filter,
-            limit,
-            json,
-        } => list(&admin, &filter.filter(), limit, json).await,
-        DeadLettersCommand::Show { id, json, full } => show(&admin, id, json, full).await,
-        DeadLettersCommand::Retry {
-            filter,
-            dry_run,
-            yes,
-        } => change(&admin, &filter.filter(), Change::Retry, dry_run, yes).await,
-        DeadLettersCommand::Purge {
-            filter,
-            dry_run,
-            yes,
-        } => change(&admin, &filter.filter(), Change::Purge, dry_run, yes).await,
+    let (pools, targets) = migrated_targets(settings, selector).await?;
+    let admin_of = |target: &Target| {
+        let store = PgStore::new(target.pool.clone(), target.tables.clone());
+        DeadLetters::new(target.pool.clone(), store.outbox())
     };
-    pool.close().await;
+    let result = async {
+        match &command {
+            DeadLettersCommand::Show { id, json, full } => {
+                for target in &targets {
+                    if show(&admin_of(target), *id, *json, *full).await? {
+                        return Ok(());
+                    }
+                }
+                Err(Failure::runtime(format!("no dead letter with id {id}")))
+            }
+            DeadLettersCommand::List {
+                filter,
+                limit,
+                json,
+            } => {
+                for target in &targets {
+                    if !json {
+                        heading(&targets, target);
+                    }
+                    list(
+                        &admin_of(target),
+                        &target.name,
+                        &filter.filter(),
+                        *limit,
+                        *json,
+                    )
+                    .await?;
+                }
+                Ok(())
+            }
+            DeadLettersCommand::Retry {
+                filter,
+                dry_run,
+                yes,
+            }
+            | DeadLettersCommand::Purge {
+                filter,
+                dry_run,
+                yes,
+            } => {
+                let kind = match &command {
+                    DeadLettersCommand::Retry { .. } => Change::Retry,
+                    _ => Change::Purge,
+                };
+                for target in &targets {
+                    heading(&targets, target);
+                    change(&admin_of(target), &filter.filter(), kind, *dry_run, *yes).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+    .await;
+    pools.close().await;
     result
 }
 
 async fn list(
     admin: &impl DeadLetterAdmin,
+    outbox: &str,
     filter: &DeadLetterFilter,
     limit: u32,
     as_json: bool,
@@ -369,7 +486,9 @@ async fn list(
         .map_err(failure::store("dead letters"))?;
     if as_json {
         for letter in &letters {
-            println!("{}", to_json(letter));
+            let mut line = to_json(letter);
+            line["outbox"] = json!(outbox);
+            println!("{line}");
         }
         return Ok(());
     }
@@ -406,20 +525,23 @@ fn shown_payload(payload: &str, limit: usize) -> String {
     )
 }
 
+/// Show dead letter `id` if this outbox holds it; whether it did.
 async fn show(
     admin: &impl DeadLetterAdmin,
     id: Uuid,
     as_json: bool,
     full: bool,
-) -> Result<(), Failure> {
-    let letter = admin
+) -> Result<bool, Failure> {
+    let Some(letter) = admin
         .show(id)
         .await
         .map_err(failure::store("dead letters"))?
-        .ok_or_else(|| Failure::runtime(format!("no dead letter with id {id}")))?;
+    else {
+        return Ok(false);
+    };
     if as_json {
         println!("{}", to_json(&letter));
-        return Ok(());
+        return Ok(true);
     }
     let e = &letter.event;
     println!("id              {}", e.id);
@@ -441,7 +563,7 @@ async fn show(
     );
     let limit = if full { usize::MAX } else { SHOWN_PAYLOAD };
     println!("payload         {}", shown_payload(e.payload.get(), limit));
-    Ok(())
+    Ok(true)
 }
 
 #[derive(Clone, Copy)]

@@ -50,7 +50,13 @@ impl<'de> Deserialize<'de> for PublishedRetention {
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct FileConfig {
     pub(crate) database: DatabaseSection,
-    pub(crate) tables: TablesSection,
+    /// `[tables]`: the one outbox, when no `[[outbox]]` lists several.
+    pub(crate) tables: Option<TablesSection>,
+    /// `[[outbox]]`: several outboxes relayed by one process.
+    #[serde(rename = "outbox")]
+    pub(crate) outboxes: Vec<OutboxSection>,
+    /// `[tenants]`: every schema matching a pattern, found while the relay runs.
+    pub(crate) tenants: Option<TenantsSection>,
     pub(crate) relay: RelaySection,
     /// `[retry]`: the core's own type.
     pub(crate) retry: RetryPolicy,
@@ -60,6 +66,61 @@ pub(crate) struct FileConfig {
     pub(crate) routing: RoutingSection,
     pub(crate) envelope: EnvelopeSection,
     pub(crate) wal: WalSection,
+}
+
+/// One `[[outbox]]` entry: an outbox of a process that relays several.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OutboxSection {
+    /// Its name in metrics, logs and `--outbox`; default `schema.events_table`.
+    pub(crate) name: Option<String>,
+    pub(crate) schema: String,
+    pub(crate) events_table: Option<String>,
+    pub(crate) inbox_table: Option<String>,
+    /// Another database; default `database.url`. Its outboxes share a pool of
+    /// `database.max_connections` of their own.
+    pub(crate) database_url: Option<String>,
+    /// This outbox's own limits; default `[relay]`'s.
+    pub(crate) batch_size: Option<usize>,
+    pub(crate) workers: Option<usize>,
+}
+
+/// `[tenants]`: relay every schema of the database whose name matches `schemas`
+/// (SQL `LIKE`) and holds the events table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TenantsSection {
+    pub(crate) schemas: String,
+    pub(crate) events_table: Option<String>,
+    /// How often to look for new and dropped schemas.
+    #[serde(default = "default_discovery_interval")]
+    pub(crate) interval: Dur,
+    /// Each tenant's limits; default `[relay]`'s.
+    pub(crate) batch_size: Option<usize>,
+    pub(crate) workers: Option<usize>,
+}
+
+fn default_discovery_interval() -> Dur {
+    Dur::secs(30)
+}
+
+/// An outbox of a process that relays several, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct OutboxTarget {
+    pub(crate) name: String,
+    pub(crate) tables: Tables,
+    /// `None`: the `[database]` one.
+    pub(crate) database_url: Option<String>,
+    pub(crate) relay: RelayConfig,
+}
+
+/// `[tenants]`, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct TenantsSettings {
+    pub(crate) pattern: String,
+    pub(crate) events_table: String,
+    pub(crate) interval: Duration,
+    pub(crate) relay: RelayConfig,
 }
 
 /// `[wal]`: the table-less outbox, read from a logical replication slot.
@@ -327,9 +388,18 @@ pub(crate) struct Settings {
     pub(crate) routing: RoutingSection,
     pub(crate) envelope: Envelope,
     pub(crate) wal: Option<WalSettings>,
+    /// `[[outbox]]`: empty when the process relays the one outbox of `tables`.
+    pub(crate) outboxes: Vec<OutboxTarget>,
+    pub(crate) tenants: Option<TenantsSettings>,
 }
 
 impl Settings {
+    /// Whether the process relays several outboxes (`[[outbox]]` or `[tenants]`)
+    /// rather than the one of `[tables]`.
+    pub(crate) fn grouped(&self) -> bool {
+        !self.outboxes.is_empty() || self.tenants.is_some()
+    }
+
     /// The database settings, or the error explaining that no URL was given.
     pub(crate) fn database(&self) -> Result<&DatabaseSettings, Failure> {
         self.database
@@ -429,9 +499,13 @@ pub(crate) fn apply_env(
                 file.database.max_connections =
                     Some(u32::try_from(number(&value)?).map_err(|e| bad(e.to_string()))?);
             }
-            "OUTBOX_SCHEMA" => file.tables.schema = value.clone(),
-            "OUTBOX_EVENTS_TABLE" => file.tables.events_table = value.clone(),
-            "OUTBOX_INBOX_TABLE" => file.tables.inbox_table = value.clone(),
+            "OUTBOX_SCHEMA" => file.tables.get_or_insert_default().schema = value.clone(),
+            "OUTBOX_EVENTS_TABLE" => {
+                file.tables.get_or_insert_default().events_table = value.clone();
+            }
+            "OUTBOX_INBOX_TABLE" => {
+                file.tables.get_or_insert_default().inbox_table = value.clone();
+            }
             "OUTBOX_BROKER" => file.broker.kind = value.trim().to_string(),
             "OUTBOX_BATCH_SIZE" => {
                 file.relay.batch_size =
@@ -510,25 +584,32 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
         e.subject.as_deref(),
     )
     .map_err(|e| config(format!("envelope: {e}")))?;
-    let wal = wal_settings(&file.wal, &file.tables).map_err(|e| config(format!("wal: {e}")))?;
-    let tables = Tables::in_schema(&file.tables.schema)
-        .and_then(|t| t.with_events_table(&file.tables.events_table))
-        .and_then(|t| t.with_inbox_table(&file.tables.inbox_table))
+    let grouped = !file.outboxes.is_empty() || file.tenants.is_some();
+    if grouped && file.tables.is_some() {
+        return Err(config(
+            "[tables] (or OUTBOX_SCHEMA, OUTBOX_EVENTS_TABLE, OUTBOX_INBOX_TABLE) names one outbox, [[outbox]] and [tenants] several: list every outbox as an [[outbox]] entry instead".into(),
+        ));
+    }
+    if grouped && file.wal.enabled {
+        return Err(config(
+            "wal.enabled: the WAL outbox is relayed alone; it cannot be combined with [[outbox]] or [tenants]".into(),
+        ));
+    }
+    if grouped && file.relay.wakeup == WakeupMode::Notify {
+        return Err(config(
+            "relay.wakeup = \"notify\": a process relaying [[outbox]] or [tenants] wakes its outboxes with one shared probe per database; use \"adaptive\"".into(),
+        ));
+    }
+    let default_tables = TablesSection::default();
+    let file_tables = file.tables.as_ref().unwrap_or(&default_tables);
+    let wal = wal_settings(&file.wal, file_tables).map_err(|e| config(format!("wal: {e}")))?;
+    let tables = Tables::in_schema(&file_tables.schema)
+        .and_then(|t| t.with_events_table(&file_tables.events_table))
+        .and_then(|t| t.with_inbox_table(&file_tables.inbox_table))
         .map_err(|e| config(format!("tables: {e}")))?;
 
     let r = &file.relay;
-    if r.batch_size == 0 || r.batch_size > 10_000 {
-        return Err(config(format!(
-            "relay.batch_size = {}: must be between 1 and 10000",
-            r.batch_size
-        )));
-    }
-    if r.workers == 0 || r.workers > 64 {
-        return Err(config(format!(
-            "relay.workers = {}: must be between 1 and 64",
-            r.workers
-        )));
-    }
+    check_limits("relay", r.batch_size, r.workers).map_err(config)?;
     for (key, d) in [
         ("relay.poll_interval", r.poll_interval),
         ("relay.publish_timeout", r.publish_timeout),
@@ -597,7 +678,9 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
     let workers = u32::try_from(r.workers).unwrap_or(64);
     let (database, database_error) = match file.database.url.as_deref().map(str::trim) {
         Some(url) if !url.is_empty() => {
-            let max_connections = file.database.max_connections.unwrap_or(workers + 3);
+            // Several outboxes share one pool per database: their budget.
+            let default = if grouped { (workers + 3).max(10) } else { workers + 3 };
+            let max_connections = file.database.max_connections.unwrap_or(default);
             if max_connections < 2 {
                 return Err(config(
                     "database.max_connections: must be at least 2 (claims hold one each)".into(),
@@ -642,6 +725,11 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
     };
     store.retention = file.retention.published.0;
     store.synchronous_commit = r.synchronous_commit;
+    let outboxes = outbox_targets(&file.outboxes, &relay).map_err(config)?;
+    let tenants = match &file.tenants {
+        None => None,
+        Some(t) => Some(tenants_settings(t, &relay).map_err(config)?),
+    };
     let wakeup = match r.wakeup {
         WakeupMode::Adaptive => Wakeup::adaptive(),
         WakeupMode::Poll => Wakeup::FixedPoll,
@@ -678,6 +766,110 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
         routing: file.routing,
         envelope,
         wal,
+        outboxes,
+        tenants,
+    })
+}
+
+/// `batch_size` and `workers` of `section` within their bounds.
+fn check_limits(section: &str, batch_size: usize, workers: usize) -> Result<(), String> {
+    if batch_size == 0 || batch_size > 10_000 {
+        return Err(format!(
+            "{section}.batch_size = {batch_size}: must be between 1 and 10000"
+        ));
+    }
+    if workers == 0 || workers > 64 {
+        return Err(format!(
+            "{section}.workers = {workers}: must be between 1 and 64"
+        ));
+    }
+    Ok(())
+}
+
+/// `relay` with an outbox's own limits laid over it.
+fn with_limits(
+    section: &str,
+    relay: &RelayConfig,
+    batch_size: Option<usize>,
+    workers: Option<usize>,
+) -> Result<RelayConfig, String> {
+    let mut relay = relay.clone();
+    relay.batch_size = batch_size.unwrap_or(relay.batch_size);
+    relay.workers = workers.unwrap_or(relay.workers);
+    check_limits(section, relay.batch_size, relay.workers)?;
+    Ok(relay)
+}
+
+/// The `[[outbox]]` entries, each named (unique names) and with its limits.
+fn outbox_targets(
+    sections: &[OutboxSection],
+    relay: &RelayConfig,
+) -> Result<Vec<OutboxTarget>, String> {
+    let mut targets: Vec<OutboxTarget> = Vec::with_capacity(sections.len());
+    for (i, o) in sections.iter().enumerate() {
+        let at = format!("outbox[{i}]");
+        let defaults = Tables::default();
+        let tables = Tables::in_schema(&o.schema)
+            .and_then(|t| {
+                t.with_events_table(
+                    o.events_table
+                        .as_deref()
+                        .unwrap_or(defaults.events().as_str()),
+                )
+            })
+            .and_then(|t| {
+                t.with_inbox_table(
+                    o.inbox_table
+                        .as_deref()
+                        .unwrap_or(defaults.inbox().as_str()),
+                )
+            })
+            .map_err(|e| format!("{at}: {e}"))?;
+        let name = match o.name.as_deref().map(str::trim) {
+            None => tables.outbox_name(),
+            Some("") => return Err(format!("{at}.name: must not be empty")),
+            Some(name) => name.to_string(),
+        };
+        if let Some(other) = targets.iter().position(|t| t.name == name) {
+            return Err(format!(
+                "{at}: the name `{name}` is taken by outbox[{other}]: give one of them a `name` of its own"
+            ));
+        }
+        let database_url = o
+            .database_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(String::from);
+        targets.push(OutboxTarget {
+            relay: with_limits(&at, relay, o.batch_size, o.workers)?,
+            name,
+            tables,
+            database_url,
+        });
+    }
+    Ok(targets)
+}
+
+fn tenants_settings(t: &TenantsSection, relay: &RelayConfig) -> Result<TenantsSettings, String> {
+    if t.schemas.trim().is_empty() {
+        return Err(
+            "tenants.schemas: give a LIKE pattern of schema names, e.g. \"tenant\\\\_%\"".into(),
+        );
+    }
+    let events_table = t
+        .events_table
+        .clone()
+        .unwrap_or_else(|| Tables::default().events().as_str().to_string());
+    Ident::new("tenants.events_table", &events_table).map_err(|e| e.to_string())?;
+    if t.interval.0.is_zero() {
+        return Err("tenants.interval: must be greater than zero".into());
+    }
+    Ok(TenantsSettings {
+        pattern: t.schemas.trim().to_string(),
+        events_table,
+        interval: t.interval.0,
+        relay: with_limits("tenants", relay, t.batch_size, t.workers)?,
     })
 }
 
@@ -822,6 +1014,40 @@ mod tests {
         assert_eq!(s.store, d.store);
         assert_eq!(s.listen, d.listen);
         assert_eq!(s.stuck_after, d.stuck_after);
+    }
+
+    #[test]
+    fn outbox_entries_get_names_limits_and_databases() {
+        let f = parse_str(
+            "[relay]\nbatch_size = 30\n\
+             [[outbox]]\nschema = \"orders\"\n\
+             [[outbox]]\nname = \"billing\"\nschema = \"public\"\nevents_table = \"events\"\n\
+             database_url = \"postgres://b/billing\"\nworkers = 2\nbatch_size = 5\n\
+             [tenants]\nschemas = \"tenant\\\\_%\"\n",
+        )
+        .unwrap();
+        let s = validate(f).unwrap();
+        assert!(s.grouped());
+        let [orders, billing] = &s.outboxes[..] else {
+            panic!("{:?}", s.outboxes)
+        };
+        assert_eq!(orders.name, "orders.outbox_events");
+        assert_eq!(orders.database_url, None);
+        assert_eq!((orders.relay.batch_size, orders.relay.workers), (30, 1));
+        assert_eq!(billing.name, "billing");
+        assert_eq!(billing.tables.outbox_name(), "public.events");
+        assert_eq!(
+            billing.database_url.as_deref(),
+            Some("postgres://b/billing")
+        );
+        assert_eq!((billing.relay.batch_size, billing.relay.workers), (5, 2));
+        let tenants = s.tenants.unwrap();
+        assert_eq!(tenants.pattern, "tenant\\_%");
+        assert_eq!(tenants.events_table, "outbox_events");
+        assert_eq!(tenants.interval, Duration::from_secs(30));
+        assert_eq!(tenants.relay.batch_size, 30);
+        // Without them, one outbox: `[tables]`'s.
+        assert!(!validate(FileConfig::default()).unwrap().grouped());
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub(crate) const ALL: &[&str] = &[
 
 /// Install the global recorder. Histograms get buckets (not summaries) so that
 /// `histogram_quantile` can aggregate them across relays.
-pub(crate) fn install(outbox: &str) -> Result<PrometheusHandle, Failure> {
+pub(crate) fn install(outboxes: &[String]) -> Result<PrometheusHandle, Failure> {
     let failed = |e: metrics_exporter_prometheus::BuildError| {
         Failure::runtime(format!("metrics exporter: {e}"))
     };
@@ -79,9 +79,12 @@ pub(crate) fn install(outbox: &str) -> Result<PrometheusHandle, Failure> {
         "WAL mode: bytes of WAL the slot's reader has not acknowledged"
     );
     // Zero from the start, so alerts and rates see the series before the first event.
-    // Labelled as the relay labels them (`outbox` = the store's name).
-    metrics::counter!(telemetry::EVENTS_PUBLISHED, "outbox" => outbox.to_owned()).absolute(0);
-    metrics::counter!(CLEANUP_DELETED, "outbox" => outbox.to_owned()).absolute(0);
+    // Labelled as the relays label them (`outbox` = each outbox's name); outboxes
+    // found later (`[tenants]`) get theirs with their first event.
+    for outbox in outboxes {
+        metrics::counter!(telemetry::EVENTS_PUBLISHED, "outbox" => outbox.clone()).absolute(0);
+        metrics::counter!(CLEANUP_DELETED, "outbox" => outbox.clone()).absolute(0);
+    }
     Ok(handle)
 }
 

@@ -10,30 +10,31 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use pgoutbox_core::{BrokerHealth, BrokerStatus, Liveness, Publisher};
+use pgoutbox_core::{BrokerStatus, Publisher};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
 use crate::broker::BrokerPublisher;
 use crate::failure::Failure;
+use crate::members::Members;
 
 #[derive(Clone)]
 struct Endpoint {
     metrics: PrometheusHandle,
-    pool: PgPool,
+    /// One pool per database.
+    pools: Arc<Vec<PgPool>>,
     publisher: BrokerPublisher,
     check_timeout: Duration,
-    liveness: Arc<Liveness>,
     stuck_after: Duration,
-    broker_health: Arc<BrokerHealth>,
+    members: Members,
 }
 
 /// What `/healthz` and `/readyz` look at besides the connections.
 pub(crate) struct Probes {
     pub(crate) check_timeout: Duration,
-    pub(crate) liveness: Arc<Liveness>,
     pub(crate) stuck_after: Duration,
-    pub(crate) broker_health: Arc<BrokerHealth>,
+    /// The relays whose claim loops and broker outages are reported.
+    pub(crate) members: Members,
 }
 
 /// Bind now (so a taken port fails the start), serve until `stop` completes.
@@ -47,7 +48,7 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, Failure> {
 pub(crate) async fn serve(
     listener: TcpListener,
     metrics: PrometheusHandle,
-    pool: PgPool,
+    pools: Vec<PgPool>,
     publisher: BrokerPublisher,
     probes: Probes,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
@@ -58,12 +59,11 @@ pub(crate) async fn serve(
         .route("/readyz", get(ready))
         .with_state(Endpoint {
             metrics,
-            pool,
+            pools: Arc::new(pools),
             publisher,
             check_timeout: probes.check_timeout,
-            liveness: probes.liveness,
             stuck_after: probes.stuck_after,
-            broker_health: probes.broker_health,
+            members: probes.members,
         });
     if let Err(error) = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
@@ -88,16 +88,35 @@ async fn render_metrics(State(endpoint): State<Endpoint>) -> impl IntoResponse {
 /// do not make the relay dead: its loops keep cycling through their errors, and
 /// `/readyz` reports them.
 async fn live(State(endpoint): State<Endpoint>) -> impl IntoResponse {
-    match endpoint.liveness.stalled_for(Instant::now()) {
-        Some(stalled) if stalled > endpoint.stuck_after => (
+    let now = Instant::now();
+    let several = endpoint.members.several();
+    let stuck: Vec<String> = endpoint
+        .members
+        .now()
+        .iter()
+        .filter_map(|member| {
+            let stalled = member.liveness.stalled_for(now)?;
+            (stalled > endpoint.stuck_after).then(|| {
+                let of = if several {
+                    format!("; outbox {}", member.name)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "stuck: a claim loop has not finished a cycle for {} (http.stuck_after {}{of})",
+                    humantime::format_duration(round_to_ms(stalled)),
+                    humantime::format_duration(endpoint.stuck_after)
+                )
+            })
+        })
+        .collect();
+    if stuck.is_empty() {
+        (StatusCode::OK, "ok\n".to_string())
+    } else {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "stuck: a claim loop has not finished a cycle for {} (http.stuck_after {})\n",
-                humantime::format_duration(round_to_ms(stalled)),
-                humantime::format_duration(endpoint.stuck_after)
-            ),
-        ),
-        _ => (StatusCode::OK, "ok\n".to_string()),
+            format!("{}\n", stuck.join("\n")),
+        )
     }
 }
 
@@ -113,12 +132,15 @@ async fn ready(State(endpoint): State<Endpoint>) -> impl IntoResponse {
     let database = async {
         // A simple query: also answers through a transaction-pooling proxy, where
         // an extended-protocol statement's round trips may meet different servers.
-        let select = sqlx::raw_sql("SELECT 1").execute(&endpoint.pool);
-        match tokio::time::timeout(limit, select).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("database: {e}")),
-            Err(_) => Err(format!("database: no answer within {limit:?}")),
+        for pool in endpoint.pools.iter() {
+            let select = sqlx::raw_sql("SELECT 1").execute(pool);
+            match tokio::time::timeout(limit, select).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(format!("database: {e}")),
+                Err(_) => return Err(format!("database: no answer within {limit:?}")),
+            }
         }
+        Ok(())
     };
     let broker = async {
         match tokio::time::timeout(limit, endpoint.publisher.check()).await {
@@ -127,21 +149,30 @@ async fn ready(State(endpoint): State<Endpoint>) -> impl IntoResponse {
             Err(_) => Err(format!("broker: no answer within {limit:?}")),
         }
     };
-    let outage = match endpoint.broker_health.status() {
-        BrokerStatus::Up => Ok(()),
-        BrokerStatus::Down { since, reason } => Err(format!(
-            "relay: broker unavailable for {} ({reason}); claiming paused",
-            humantime::format_duration(round_to_ms(since.elapsed()))
-        )),
-        BrokerStatus::Recovering { since, reason } => Err(format!(
-            "relay: broker answers again after {} ({reason}); no message through yet",
-            humantime::format_duration(round_to_ms(since.elapsed()))
-        )),
-    };
+    let several = endpoint.members.several();
+    let outages = endpoint.members.now().into_iter().filter_map(|member| {
+        let relay = if several {
+            format!("relay of outbox {}", member.name)
+        } else {
+            "relay".to_string()
+        };
+        match member.broker_health.status() {
+            BrokerStatus::Up => None,
+            BrokerStatus::Down { since, reason } => Some(format!(
+                "{relay}: broker unavailable for {} ({reason}); claiming paused",
+                humantime::format_duration(round_to_ms(since.elapsed()))
+            )),
+            BrokerStatus::Recovering { since, reason } => Some(format!(
+                "{relay}: broker answers again after {} ({reason}); no message through yet",
+                humantime::format_duration(round_to_ms(since.elapsed()))
+            )),
+        }
+    });
     let (database, broker) = tokio::join!(database, broker);
-    let problems: Vec<String> = [database, broker, outage]
+    let problems: Vec<String> = [database, broker]
         .into_iter()
         .filter_map(Result::err)
+        .chain(outages)
         .collect();
     if problems.is_empty() {
         (StatusCode::OK, "ready\n".to_string())

@@ -34,7 +34,9 @@ mod db;
 mod exporter;
 mod failure;
 mod http;
+mod members;
 mod serve;
+mod targets;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -72,6 +74,11 @@ struct Cli {
         env = "OUTBOX_LOG_FORMAT"
     )]
     log_format: LogFormat,
+    /// With several outboxes ([[outbox]], [tenants]): only the one of this name
+    /// (its `name`, `schema.table` or schema), for `check`, `migrate`, `stats`,
+    /// `cleanup` and `dead-letters`. Default: every outbox.
+    #[arg(long, global = true, value_name = "NAME")]
+    outbox: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -161,6 +168,12 @@ fn run(cli: Cli, custom: &CustomBrokers) -> Result<(), Failure> {
     };
     init_logging(cli.log_format, default_level)?;
     let settings = config::load(cli.config.as_deref())?;
+    if let (Command::Relay, Some(_)) = (&cli.command, &cli.outbox) {
+        return Err(Failure::config(
+            "--outbox selects the outbox of an admin command; `outbox relay` relays every configured outbox",
+        ));
+    }
+    let selector = cli.outbox.as_deref();
     broker::check_sections(&settings, custom)?;
     // Broker settings are read (and validated) before the runtime starts: a bad one is a config error.
     let broker = match cli.command {
@@ -174,14 +187,16 @@ fn run(cli: Cli, custom: &CustomBrokers) -> Result<(), Failure> {
     runtime.block_on(async move {
         match (cli.command, broker) {
             (Command::Relay, Some(broker)) => serve::run(settings, broker).await,
-            (Command::Check, Some(broker)) => admin::check(&settings, broker).await,
+            (Command::Check, Some(broker)) => admin::check(&settings, broker, selector).await,
             (Command::Relay | Command::Check, None) => {
                 Err(Failure::runtime("no broker configured"))
             }
-            (Command::Migrate(args), _) => admin::migrate(&settings, &args).await,
-            (Command::DeadLetters(command), _) => admin::dead_letters(&settings, command).await,
-            (Command::Stats { json }, _) => admin::stats(&settings, json).await,
-            (Command::Cleanup, _) => admin::cleanup(&settings).await,
+            (Command::Migrate(args), _) => admin::migrate(&settings, &args, selector).await,
+            (Command::DeadLetters(command), _) => {
+                admin::dead_letters(&settings, command, selector).await
+            }
+            (Command::Stats { json }, _) => admin::stats(&settings, json, selector).await,
+            (Command::Cleanup, _) => admin::cleanup(&settings, selector).await,
         }
     })
 }

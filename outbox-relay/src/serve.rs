@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use pgoutbox_core::{Relay, RetentionAdmin, StoreError};
 use pgoutbox_postgres::wal::{slot, WalSource, WalStore};
-use pgoutbox_postgres::{Cleanup, PgStore, Retention};
+use pgoutbox_postgres::{
+    Cleanup, GroupRelay, Member, PgStore, RelayGroup, Retention, TenantDiscovery,
+};
 use tokio::sync::watch;
 
 use crate::broker::{BrokerPublisher, Prepare, Spec};
@@ -15,34 +17,34 @@ use crate::db::{self, Role};
 use crate::exporter;
 use crate::failure::Failure;
 use crate::http;
+use crate::members::Members;
+use crate::targets::{self, Pools, Target};
 
 /// Run the relay until a signal, then stop claiming, finish the batches in flight and
 /// return, within `relay.shutdown_timeout`.
 pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure> {
     let mut signals = Signals::watch();
-    let database = settings.database()?;
     // Bind first: a taken port or a wrong address fails before anything else starts.
     let listener = match settings.listen {
         Some(addr) => Some(http::bind(addr).await?),
         None => None,
     };
-    // The `outbox` label of every series: the store's name, `schema.table`.
-    let outbox = settings.tables.outbox_name();
-    let metrics = exporter::install(&outbox)?;
-    let pool = db::connect(database, Role::Relay).await?;
-    db::ensure_migrated(&pool, &settings.tables).await?;
+    let mut pools = Pools::default();
+    let configured = targets::configured(&settings, &mut pools, Role::Relay).await?;
+    for target in &configured {
+        db::ensure_migrated(&target.pool, &target.tables).await?;
+    }
+    // The `outbox` label of every series: each outbox's name (`schema.table` by default).
+    let names: Vec<String> = configured.iter().map(|t| t.name.clone()).collect();
+    let metrics = exporter::install(&names)?;
     let broker_name = broker.name().to_string();
     let publisher = broker.build(Prepare::Yes).await?;
-    let store = PgStore::new(pool.clone(), settings.tables.clone())
-        .with_config(settings.store)
-        .with_wakeup(settings.wakeup.clone());
-    let relay =
-        Relay::new(store.clone(), Arc::clone(&publisher)).with_config(settings.relay.clone());
-    // WAL mode: a second relay reads the slot; the first drains what it parks.
-    let wal_relay = match &settings.wal {
-        Some(wal) => Some(wal_relay(&pool, &settings, wal, Arc::clone(&publisher)).await?),
-        None => None,
+    let relays = if settings.grouped() {
+        Relays::group(&settings, &configured, &mut pools, &publisher).await?
+    } else {
+        Relays::single(&settings, &configured[0], &publisher).await?
     };
+    let members = relays.members();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -51,21 +53,19 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
         tasks.spawn(http::serve(
             listener,
             metrics.clone(),
-            pool.clone(),
+            pools.all(),
             Arc::clone(&publisher),
             http::Probes {
                 check_timeout: settings.check_timeout,
-                liveness: relay.liveness(),
                 stuck_after: settings.stuck_after,
-                broker_health: relay.broker_health(),
+                members: members.clone(),
             },
             stopped(stop_rx.clone()),
         ));
     }
     tasks.spawn(upkeep(metrics, stop_rx.clone()));
     tasks.spawn(refresh_stats(
-        store.clone(),
-        outbox.clone(),
+        members.clone(),
         settings.wal.as_ref().map(|wal| wal.slot.clone()),
         settings.stats_refresh,
         stop_rx.clone(),
@@ -74,8 +74,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
         || settings.retention.inbox.is_some()
     {
         tasks.spawn(clean_periodically(
-            Cleanup::new(pool.clone(), store.outbox())
-                .with_batch_size(settings.retention.cleanup_batch_size),
+            members.clone(),
             settings.retention,
             stop_rx.clone(),
         ));
@@ -83,22 +82,15 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
 
     tracing::info!(
         broker = %broker_name,
-        schema = %settings.tables.schema(),
-        table = %settings.tables.events(),
+        outboxes = %names.join(", "),
+        tenants = settings.tenants.as_ref().map(|t| t.pattern.as_str()).unwrap_or("-"),
         batch_size = settings.relay.batch_size,
         workers = settings.relay.workers,
         ordering = settings.store.ordering,
         "outbox relay started"
     );
     // Boxed, not pinned on the stack, so that it can be dropped (claims released) below.
-    let mut relay_run = Box::pin(async {
-        let wal_run = async {
-            if let Some(wal_relay) = &wal_relay {
-                wal_relay.run(stopped(stop_rx.clone())).await;
-            }
-        };
-        tokio::join!(relay.run(stopped(stop_rx.clone())), wal_run);
-    });
+    let mut relay_run = Box::pin(relays.run(stop_rx.clone()));
     let signal = tokio::select! {
         () = &mut relay_run => "relay stopped",
         signal = signals.next() => signal,
@@ -120,8 +112,8 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     // Dropping an unfinished relay drops its claims: their transactions roll back and
     // the events are claimed again by the next relay (published at least once).
     drop(relay_run);
-    drop(relay);
-    drop(wal_relay);
+    drop(relays);
+    drop(members);
     let stats_tasks = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(5), stats_tasks)
         .await
@@ -129,7 +121,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     {
         tracing::warn!("background tasks did not stop within 5 s");
     }
-    if tokio::time::timeout(Duration::from_secs(5), pool.close())
+    if tokio::time::timeout(Duration::from_secs(5), pools.close())
         .await
         .is_err()
     {
@@ -143,6 +135,114 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
             "shutdown did not finish within {} (relay.shutdown_timeout): unfinished batches were rolled back and will be published again",
             humantime::format_duration(limit)
         )))
+    }
+}
+
+/// The relays of the process.
+enum Relays {
+    /// `[tables]`'s outbox (and in WAL mode the slot's relay next to it, which
+    /// parks failed events in that table).
+    Single {
+        relay: Box<GroupRelay>,
+        wal: Option<Box<Relay<WalStore, BrokerPublisher>>>,
+    },
+    /// `[[outbox]]` and `[tenants]`: one relay per outbox, a shared wake-up probe
+    /// and a pool per database.
+    Group {
+        group: RelayGroup,
+        tenants: Option<Arc<TenantDiscovery>>,
+    },
+}
+
+impl Relays {
+    async fn single(
+        settings: &Settings,
+        target: &Target,
+        publisher: &BrokerPublisher,
+    ) -> Result<Self, Failure> {
+        let store = PgStore::new(target.pool.clone(), target.tables.clone())
+            .with_config(settings.store)
+            .with_wakeup(settings.wakeup.clone());
+        let relay = Relay::new(store, Arc::clone(publisher)).with_config(target.relay.clone());
+        // WAL mode: a second relay reads the slot; the first drains what it parks.
+        let wal = match &settings.wal {
+            Some(wal) => Some(wal_relay(&target.pool, settings, wal, Arc::clone(publisher)).await?),
+            None => None,
+        };
+        Ok(Self::Single {
+            relay: Box::new(relay),
+            wal: wal.map(Box::new),
+        })
+    }
+
+    async fn group(
+        settings: &Settings,
+        configured: &[Target],
+        pools: &mut Pools,
+        publisher: &BrokerPublisher,
+    ) -> Result<Self, Failure> {
+        let mut group = RelayGroup::new();
+        for target in configured {
+            let store = PgStore::new(target.pool.clone(), target.tables.clone())
+                .with_config(settings.store);
+            group.add_named(
+                target.name.clone(),
+                store,
+                Arc::clone(publisher),
+                target.relay.clone(),
+            );
+        }
+        let tenants = match &settings.tenants {
+            Some(tenants) => {
+                let pool = pools.of(settings.database()?, None, Role::Relay).await?;
+                Some(Arc::new(
+                    TenantDiscovery::new(pool, tenants.pattern.clone(), Arc::clone(publisher))
+                        .events_table(tenants.events_table.clone())
+                        .interval(tenants.interval)
+                        .relay_config(tenants.relay.clone())
+                        .store_config(settings.store),
+                ))
+            }
+            None => None,
+        };
+        Ok(Self::Group { group, tenants })
+    }
+
+    fn members(&self) -> Members {
+        match self {
+            Self::Single { relay, .. } => Members::new(
+                vec![Member {
+                    name: relay.name().to_string(),
+                    store: relay.store().clone(),
+                    liveness: relay.liveness(),
+                    broker_health: relay.broker_health(),
+                }],
+                None,
+            ),
+            Self::Group { group, tenants } => Members::new(group.members(), tenants.clone()),
+        }
+    }
+
+    /// Relay until `stop` turns true; each relay then finishes its batches in flight.
+    async fn run(&self, stop: watch::Receiver<bool>) {
+        match self {
+            Self::Single { relay, wal } => {
+                let wal_run = async {
+                    if let Some(wal) = wal {
+                        wal.run(stopped(stop.clone())).await;
+                    }
+                };
+                tokio::join!(relay.run(stopped(stop.clone())), wal_run);
+            }
+            Self::Group { group, tenants } => {
+                let tenants_run = async {
+                    if let Some(tenants) = tenants {
+                        tenants.run(stopped(stop.clone())).await;
+                    }
+                };
+                tokio::join!(group.run(stopped(stop.clone())), tenants_run);
+            }
+        }
     }
 }
 
@@ -251,10 +351,9 @@ async fn upkeep(
     }
 }
 
-/// Dead letters and oldest pending age, for alerts.
+/// Dead letters and oldest pending age of each outbox, for alerts.
 async fn refresh_stats(
-    store: PgStore,
-    outbox: String,
+    members: Members,
     wal_slot: Option<pgoutbox_postgres::Ident>,
     every: Duration,
     stop: watch::Receiver<bool>,
@@ -262,23 +361,26 @@ async fn refresh_stats(
     let stop = stopped(stop);
     tokio::pin!(stop);
     loop {
-        match store.stats().await {
-            Ok(stats) => {
-                metrics::gauge!(exporter::DEAD_LETTERS, "outbox" => outbox.clone())
-                    .set(stats.dead_letters as f64);
-                metrics::gauge!(exporter::OLDEST_PENDING_AGE, "outbox" => outbox.clone())
-                    .set(stats.oldest_pending_age.as_secs_f64());
-            }
-            Err(error) => tracing::warn!(%error, "cannot read outbox stats"),
-        }
-        if let Some(name) = &wal_slot {
-            match slot::lag_bytes(store.pool(), name).await {
-                Ok(Some(bytes)) => {
-                    metrics::gauge!(exporter::WAL_SLOT_LAG, "outbox" => outbox.clone())
-                        .set(bytes as f64);
+        for member in members.now() {
+            let outbox = member.name;
+            match member.store.stats().await {
+                Ok(stats) => {
+                    metrics::gauge!(exporter::DEAD_LETTERS, "outbox" => outbox.clone())
+                        .set(stats.dead_letters as f64);
+                    metrics::gauge!(exporter::OLDEST_PENDING_AGE, "outbox" => outbox.clone())
+                        .set(stats.oldest_pending_age.as_secs_f64());
                 }
-                Ok(None) => tracing::warn!(slot = %name, "the WAL outbox's slot is gone"),
-                Err(error) => tracing::warn!(%error, "cannot read the WAL slot's lag"),
+                Err(error) => tracing::warn!(%error, %outbox, "cannot read outbox stats"),
+            }
+            if let Some(name) = &wal_slot {
+                match slot::lag_bytes(member.store.pool(), name).await {
+                    Ok(Some(bytes)) => {
+                        metrics::gauge!(exporter::WAL_SLOT_LAG, "outbox" => outbox.clone())
+                            .set(bytes as f64);
+                    }
+                    Ok(None) => tracing::warn!(slot = %name, "the WAL outbox's slot is gone"),
+                    Err(error) => tracing::warn!(%error, "cannot read the WAL slot's lag"),
+                }
             }
         }
         tokio::select! {
@@ -288,9 +390,9 @@ async fn refresh_stats(
     }
 }
 
-/// Retention: delete published rows and inbox records past their age.
+/// Retention: delete published rows and inbox records past their age, outbox by outbox.
 async fn clean_periodically(
-    cleanup: Cleanup,
+    members: Members,
     retention: crate::config::RetentionSettings,
     stop: watch::Receiver<bool>,
 ) {
@@ -301,12 +403,19 @@ async fn clean_periodically(
             () = &mut stop => return,
             () = tokio::time::sleep(retention.cleanup_interval) => {}
         }
-        match clean_once(&cleanup, &cleanup.name(), &retention).await {
-            Ok((events, inbox)) if events + inbox > 0 => {
-                tracing::info!(events, inbox, "retention cleanup deleted rows");
+        for member in members.now() {
+            let cleanup = Cleanup::new(member.store.pool().clone(), member.store.outbox())
+                .with_batch_size(retention.cleanup_batch_size);
+            let outbox = member.name;
+            match clean_once(&cleanup, &outbox, &retention).await {
+                Ok((events, inbox)) if events + inbox > 0 => {
+                    tracing::info!(events, inbox, %outbox, "retention cleanup deleted rows");
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, %outbox, "retention cleanup failed; retrying later");
+                }
             }
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "retention cleanup failed; retrying later"),
         }
     }
 }

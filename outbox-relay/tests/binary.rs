@@ -10,7 +10,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::{
-    command, dead_count, free_port, get, pending_ids, sample, wait_until_drained, Config,
+    command, dead_count, enqueue, free_port, get, pending_ids, sample, wait_until_drained, Config,
     RelayProcess,
 };
 
@@ -36,23 +36,6 @@ fn ok(config: &Path, args: &[&str]) -> String {
         text(&out.stderr)
     );
     text(&out.stdout)
-}
-
-async fn enqueue(outbox: &TestOutbox, n: usize) -> Vec<Uuid> {
-    let events: Vec<NewEvent> = (0..n)
-        .map(|i| {
-            NewEvent::new(
-                "order",
-                format!("{}", i % 50),
-                "order.created",
-                &serde_json::json!({ "n": i }),
-            )
-        })
-        .collect();
-    let mut tx = outbox.pool.begin().await.unwrap();
-    let ids = outbox.outbox.enqueue_many(&mut tx, &events).await.unwrap();
-    tx.commit().await.unwrap();
-    ids
 }
 
 /// Dead-letter `n` events (permanent failure) with an in-process relay.

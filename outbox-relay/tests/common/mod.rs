@@ -291,6 +291,24 @@ pub async fn wait_until_drained(outbox: &TestOutbox, limit: Duration) {
     }
 }
 
+/// Enqueue `n` events on 50 aggregates in one transaction; their ids.
+pub async fn enqueue(outbox: &TestOutbox, n: usize) -> Vec<Uuid> {
+    let events: Vec<pgoutbox_core::NewEvent> = (0..n)
+        .map(|i| {
+            pgoutbox_core::NewEvent::new(
+                "order",
+                format!("{}", i % 50),
+                "order.created",
+                &serde_json::json!({ "n": i }),
+            )
+        })
+        .collect();
+    let mut tx = outbox.pool.begin().await.unwrap();
+    let ids = outbox.outbox.enqueue_many(&mut tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+    ids
+}
+
 pub async fn dead_count(outbox: &TestOutbox) -> i64 {
     sqlx::query_scalar(&format!(
         "SELECT count(*) FROM {}",

@@ -71,7 +71,11 @@ pub async fn tenant_schemas(
 ///   between them, not one each.
 /// - **A connection budget per database**: the pool. Every claim holds one of its
 ///   connections for the whole publish and the shared probe takes one at a time,
-///   so the group never uses more than the pool's `max_connections`.
+///   so the group never uses more than the pool's `max_connections`. Give the
+///   pool a statement cache for every outbox's statements
+///   (`PgConnectOptions::statement_cache_capacity`, e.g. 1000 for 50 outboxes;
+///   sqlx's default is 100): each outbox's statements are its own, and evicted
+///   ones are parsed and planned again on every claim.
 /// - **Fairness**: each outbox claims one batch at a time (its relay's
 ///   `workers`, 1 by default), and sqlx hands the pool's connections out in the
 ///   order they were asked for, so an outbox with a large backlog takes one

@@ -358,6 +358,11 @@ pub(crate) struct DatabaseSettings {
     /// `idle_in_transaction_session_timeout` of relay connections; `None` leaves the server's.
     pub(crate) claim_timeout: Option<Duration>,
     pub(crate) pgbouncer: bool,
+    /// Prepared statements kept per connection: each outbox has its own
+    /// statements (schema-qualified), so several outboxes on one pool need more
+    /// than sqlx's default of 100, or they evict each other's and PostgreSQL
+    /// parses and plans them again on every claim.
+    pub(crate) statement_cache: usize,
 }
 
 /// Retention as the commands use it.
@@ -694,6 +699,7 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
                     connect_timeout: file.database.connect_timeout.0,
                     claim_timeout,
                     pgbouncer: file.database.pgbouncer,
+                    statement_cache: if grouped { 1000 } else { 100 },
                 }),
                 String::new(),
             )

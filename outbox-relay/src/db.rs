@@ -41,6 +41,7 @@ pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool,
         let millis = timeout.as_millis().max(1).to_string();
         options = options.options([("idle_in_transaction_session_timeout", millis.as_str())]);
     }
+    options = options.statement_cache_capacity(db.statement_cache);
     if db.pgbouncer {
         // No prepared statement cache (the store then sends its statements unnamed:
         // named ones do not survive transaction pooling) and no startup parameter

@@ -36,9 +36,10 @@ pub(crate) struct GroupArgs {
     /// adaptive wake-up probe, instead of a `RelayGroup`'s shared one.
     #[arg(long)]
     separate_probes: bool,
-    /// Prepared statements kept per connection of the relays' pool (sqlx's default
+    /// Prepared statements kept per connection of the relays' pools: 1000, as the
+    /// `outbox` binary gives a process relaying several outboxes (sqlx's default
     /// is 100; 50 tenants use several statements each).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 1000)]
     statement_cache: usize,
 }
 
@@ -108,57 +109,56 @@ async fn published(stamping: &Stamping, n: usize, limit: Duration) -> Result<Dur
     Ok(started.elapsed())
 }
 
-pub(crate) async fn group(url: &str, args: &GroupArgs) -> Result<Report> {
-    let tenants = args.tenants.max(2);
-    let admin = PgPoolOptions::new().max_connections(4).connect(url).await?;
-    let budget = args.connections.max(2);
-    let options = sqlx::postgres::PgConnectOptions::from_str(url)?
-        .statement_cache_capacity(args.statement_cache);
-    let relay_pool = || -> Result<PgPool> {
-        Ok(PgPoolOptions::new()
-            .max_connections(budget)
-            .connect_lazy_with(options.clone()))
-    };
-    let all = fresh_tenants(&admin, tenants).await?;
+/// How the tenants are relayed in one measured phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// One `RelayGroup` for every tenant on one pool: what is measured.
+    Group,
+    /// The same relays on the same pool, each with its own wake-up probe.
+    SeparateProbes,
+    /// Tenant 0 on a relay and a pool of its own, the others in a group on
+    /// another pool of the same size: a dedicated relay under the same live
+    /// traffic, the baseline the group is held against.
+    Dedicated,
+}
+
+/// What one phase measured.
+struct Phase {
+    /// Tenant 0's backlog drain rate, events/s.
+    big_rate: f64,
+    /// Commit-to-publish of every live event, sorted.
+    millis: Vec<f64>,
+    /// The same for the events committed after the first [`WARM_UP`].
+    warm_millis: Vec<f64>,
+}
+
+/// Fill tenant 0's backlog, start the relays as `layout` says, offer live events
+/// to the other tenants until the backlog is drained.
+async fn phase(
+    url: &str,
+    admin: &PgPool,
+    all: &[Tables],
+    args: &GroupArgs,
+    layout: Layout,
+    relay_pool: &dyn Fn() -> Result<PgPool>,
+) -> Result<Phase> {
     let limit = Duration::from_secs(60 + args.backlog / 1000);
-
-    // The big tenant alone: one relay on a pool of the same budget.
-    progress(format!("tenant 0 alone: {} events", args.backlog));
-    fill(url, &admin, &all[0], args.backlog).await?;
-    let alone = Stamping::default();
-    let store = PgStore::new(relay_pool()?, all[0].clone());
-    let relay = Relay::new(store, alone.clone()).with_config(RelayConfig::default());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (took, ()) = tokio::join!(
-        async {
-            let took = published(&alone, args.backlog as usize, limit).await;
-            let _ = stop.send(());
-            took
-        },
-        relay.run(async {
-            let _ = stopped.await;
-        })
-    );
-    let dedicated = args.backlog as f64 / took?.as_secs_f64();
-    progress(format!("dedicated relay: {dedicated:.0} events/s"));
-
-    // The group: tenant 0 with its backlog again, the others offered live events
-    // while it drains.
-    progress(format!(
-        "group of {tenants} on {budget} connections: tenant 0 with {} events, {} tenants at {} events/s",
-        args.backlog,
-        tenants - 1,
-        args.rate
-    ));
-    fill(url, &admin, &all[0], args.backlog).await?;
+    fill(url, admin, &all[0], args.backlog).await?;
     // Tenant 0's publisher apart, to see its backlog's end.
     let (backlog_stamps, stamping) = (Stamping::default(), Stamping::default());
     let pool = relay_pool()?;
     let mut group = RelayGroup::new();
+    let mut alone = RelayGroup::new();
+    let others_pool = relay_pool()?;
     for (i, tables) in all.iter().enumerate() {
         let stamps = if i == 0 { &backlog_stamps } else { &stamping };
         let publisher: Arc<dyn DynPublisher> = Arc::new(stamps.clone());
-        group.add(
+        let (target, pool) = match (layout, i) {
+            (Layout::Dedicated, 0) => (&mut alone, &pool),
+            (Layout::Dedicated, _) => (&mut group, &others_pool),
+            _ => (&mut group, &pool),
+        };
+        target.add(
             PgStore::new(pool.clone(), tables.clone()),
             publisher,
             RelayConfig::default(),
@@ -166,7 +166,7 @@ pub(crate) async fn group(url: &str, args: &GroupArgs) -> Result<Report> {
     }
     let committed: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
     let producers = PgPoolOptions::new().max_connections(8).connect(url).await?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let started = Instant::now();
     let mut big_took = None;
     let drive = async {
@@ -211,62 +211,109 @@ pub(crate) async fn group(url: &str, args: &GroupArgs) -> Result<Report> {
         // The last live events.
         let expected = committed.lock().map(|c| c.len()).unwrap_or(0);
         published(&stamping, expected, Duration::from_secs(30)).await?;
-        let _ = stop.send(());
+        let _ = stop.send(true);
         Ok(())
     };
-    let separate: Vec<_> = group
-        .relays()
-        .iter()
-        .map(|r| {
-            let store = r.store().clone().with_wakeup(Wakeup::adaptive());
-            Relay::new(store, Arc::clone(r.publisher())).with_config(RelayConfig::default())
-        })
-        .collect();
+    let until_stopped = || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
     let relays = async {
-        if args.separate_probes {
-            let (halt, halted) = tokio::sync::watch::channel(false);
-            let stop_all = async {
-                let _ = stopped.await;
-                let _ = halt.send(true);
-            };
-            let runs = futures_util::future::join_all(separate.iter().map(|relay| {
-                let mut halted = halted.clone();
-                relay.run(async move {
-                    let _ = halted.wait_for(|h| *h).await;
+        if layout == Layout::SeparateProbes {
+            let separate: Vec<_> = group
+                .relays()
+                .iter()
+                .map(|r| {
+                    let store = r.store().clone().with_wakeup(Wakeup::adaptive());
+                    Relay::new(store, Arc::clone(r.publisher())).with_config(RelayConfig::default())
                 })
-            }));
-            tokio::join!(stop_all, runs);
-        } else {
-            group
-                .run(async {
-                    let _ = stopped.await;
-                })
+                .collect();
+            futures_util::future::join_all(separate.iter().map(|relay| relay.run(until_stopped())))
                 .await;
+        } else {
+            tokio::join!(group.run(until_stopped()), alone.run(until_stopped()));
         }
     };
     let (driven, ()) = tokio::join!(drive, relays);
     driven?;
     let big_took = big_took.ok_or("the backlog's end was not seen")?;
-    let shared = args.backlog as f64 / big_took.as_secs_f64();
     let committed = committed.lock().map(|c| c.clone()).unwrap_or_default();
     let millis = commit_to_publish_millis(&committed, &stamping.published())?;
-    let (p50, p99, max) = (
-        quantile(&millis, 0.50),
-        quantile(&millis, 0.99),
-        millis.last().copied().unwrap_or(0.0),
-    );
-    // The same events without those committed in the group's first second: its
-    // start (50 relays' first claims, each statement prepared on each connection)
-    // against its steady state.
-    let warm_from = started + WARM_UP;
+    // The same events without those committed in the first second: the relays'
+    // start (50 relays' first claims, each statement prepared on each
+    // connection) apart from their steady state.
     let warm: Vec<(Uuid, Instant)> = committed
         .iter()
-        .filter(|(_, at)| *at >= warm_from)
+        .filter(|(_, at)| *at >= started + WARM_UP)
         .copied()
         .collect();
     let warm_millis = commit_to_publish_millis(&warm, &stamping.published())?;
-    let warm_p99 = quantile(&warm_millis, 0.99);
-    let ratio = shared / dedicated;
+    producers.close().await;
+    pool.close().await;
+    others_pool.close().await;
+    Ok(Phase {
+        big_rate: args.backlog as f64 / big_took.as_secs_f64(),
+        millis,
+        warm_millis,
+    })
+}
+
+pub(crate) async fn group(url: &str, args: &GroupArgs) -> Result<Report> {
+    let tenants = args.tenants.max(2);
+    let admin = PgPoolOptions::new().max_connections(4).connect(url).await?;
+    let budget = args.connections.max(2);
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)?
+        .statement_cache_capacity(args.statement_cache);
+    let relay_pool = || -> Result<PgPool> {
+        Ok(PgPoolOptions::new()
+            .max_connections(budget)
+            .connect_lazy_with(options.clone()))
+    };
+    let all = fresh_tenants(&admin, tenants).await?;
+    let limit = Duration::from_secs(60 + args.backlog / 1000);
+
+    // The big tenant alone on the machine: one relay on a pool of the same budget.
+    progress(format!("tenant 0 alone: {} events", args.backlog));
+    fill(url, &admin, &all[0], args.backlog).await?;
+    let alone = Stamping::default();
+    let store = PgStore::new(relay_pool()?, all[0].clone());
+    let relay = Relay::new(store, alone.clone()).with_config(RelayConfig::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (took, ()) = tokio::join!(
+        async {
+            let took = published(&alone, args.backlog as usize, limit).await;
+            let _ = stop.send(());
+            took
+        },
+        relay.run(async {
+            let _ = stopped.await;
+        })
+    );
+    let idle_rate = args.backlog as f64 / took?.as_secs_f64();
+    progress(format!("alone on the machine: {idle_rate:.0} events/s"));
+
+    let traffic = format!("{} tenants at {} events/s", tenants - 1, args.rate);
+    progress(format!(
+        "dedicated relay for tenant 0, the others grouped on another pool: {} events, {traffic}",
+        args.backlog
+    ));
+    let dedicated = phase(url, &admin, &all, args, Layout::Dedicated, &relay_pool).await?;
+    progress(format!(
+        "dedicated under the same traffic: {:.0} events/s",
+        dedicated.big_rate
+    ));
+    let layout = if args.separate_probes {
+        Layout::SeparateProbes
+    } else {
+        Layout::Group
+    };
+    progress(format!(
+        "{layout:?} of {tenants} on {budget} connections: tenant 0 with {} events, {traffic}",
+        args.backlog
+    ));
+    let shared = phase(url, &admin, &all, args, layout, &relay_pool).await?;
     for tables in &all {
         sqlx::query(&format!(
             "DROP SCHEMA IF EXISTS {} CASCADE",
@@ -275,35 +322,50 @@ pub(crate) async fn group(url: &str, args: &GroupArgs) -> Result<Report> {
         .execute(&admin)
         .await?;
     }
+
+    let p = |millis: &[f64], q: f64| quantile(millis, q);
+    let max = shared.millis.last().copied().unwrap_or(0.0);
+    let ratio = shared.big_rate / dedicated.big_rate;
+    let idle_ratio = shared.big_rate / idle_rate;
+    let (p50, p99, warm_p99) = (
+        p(&shared.millis, 0.50),
+        p(&shared.millis, 0.99),
+        p(&shared.warm_millis, 0.99),
+    );
+    let (dedicated_p99, dedicated_warm_p99) =
+        (p(&dedicated.millis, 0.99), p(&dedicated.warm_millis, 0.99));
     Ok(Report {
         line: format!(
             "group{}: {tenants} tenants on {budget} connections; tenant 0's {} events drained at \
-             {shared:.0}/s against {dedicated:.0}/s alone ({ratio:.2}; target >= 0.7: {}); \
-             {} live events of {} tenants at {} events/s each: commit-to-publish p50 {p50:.2} ms, \
-             p99 {p99:.2} ms (target <= 50: {}), max {max:.1} ms; committed after the first {} s: \
-             {} events, p99 {warm_p99:.2} ms ({})",
+             {:.0}/s against {:.0}/s on a dedicated relay under the same traffic ({ratio:.2}; target >= 0.7: {}) \
+             and {idle_rate:.0}/s alone on the machine ({idle_ratio:.2}); {} live events of {traffic}: \
+             commit-to-publish p50 {p50:.2} ms, p99 {p99:.2} ms (target <= 50: {}), max {max:.1} ms; \
+             committed after the first {} s: p99 {warm_p99:.2} ms ({}); with the dedicated relay: \
+             p99 {dedicated_p99:.2} ms, after the first {} s {dedicated_warm_p99:.2} ms",
             if args.separate_probes {
                 " (separate probes)"
             } else {
                 ""
             },
             args.backlog,
+            shared.big_rate,
+            dedicated.big_rate,
             verdict(ratio >= 0.7),
-            millis.len(),
-            tenants - 1,
-            args.rate,
+            shared.millis.len(),
             verdict(p99 <= 50.0),
             WARM_UP.as_secs(),
-            warm_millis.len(),
             verdict(warm_p99 <= 50.0),
+            WARM_UP.as_secs(),
         ),
         json: json!({
             "scenario": "group", "separate_probes": args.separate_probes, "tenants": tenants, "connections": budget,
-            "backlog": args.backlog, "rate_per_tenant": args.rate,
-            "backlog_per_s": shared, "dedicated_per_s": dedicated, "ratio": ratio,
-            "live_events": millis.len(),
+            "backlog": args.backlog, "rate_per_tenant": args.rate, "statement_cache": args.statement_cache,
+            "backlog_per_s": shared.big_rate, "dedicated_per_s": dedicated.big_rate, "ratio": ratio,
+            "alone_per_s": idle_rate, "ratio_to_alone": idle_ratio,
+            "live_events": shared.millis.len(),
             "latency_ms": {"p50": p50, "p99": p99, "max": max},
-            "after_warm_up": {"seconds": WARM_UP.as_secs(), "events": warm_millis.len(), "p99_ms": warm_p99},
+            "after_warm_up": {"seconds": WARM_UP.as_secs(), "p99_ms": warm_p99},
+            "dedicated_latency_ms": {"p99": dedicated_p99, "after_warm_up_p99": dedicated_warm_p99},
         }),
     })
 }

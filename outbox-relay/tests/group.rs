@@ -7,6 +7,8 @@ mod common;
 
 use std::collections::HashSet;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{command, enqueue, free_port, get, wait_until_drained, Config, RelayProcess};
@@ -50,37 +52,79 @@ fn labelled(metrics: &str, name: &str, outbox: &str) -> f64 {
         .sum()
 }
 
-/// One relay process for two configured outboxes (one in another database, under
-/// a name of its own) and the tenant schemas matching a pattern, one of them
-/// created while it runs: every event published once, metrics labelled per
-/// outbox, the admin commands over all outboxes or the one `--outbox` names.
+/// A database of its own for a test, dropped by [`drop_database`].
+async fn create_database(admin: &PgPool, name: &str) -> (PgPool, String) {
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(admin)
+        .await
+        .unwrap();
+    let options = PgConnectOptions::from_str(&database_url())
+        .unwrap()
+        .database(name);
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let url = format!("{}/{name}", database_url().rsplit_once('/').unwrap().0);
+    (pool, url)
+}
+
+async fn drop_database(admin: &PgPool, pool: PgPool, name: &str) {
+    pool.close().await;
+    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .execute(admin)
+        .await
+        .unwrap();
+}
+
+/// Relay connections (`application_name` outbox) to the test database now.
+async fn relay_sessions(admin: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE application_name = 'outbox' AND datname = current_database()",
+    )
+    .fetch_one(admin)
+    .await
+    .unwrap()
+}
+
+/// Events per tenant schema, and how many tenants: 49 found at start, one created
+/// while the relay runs.
+const TENANT_EVENTS: usize = 20;
+const TENANTS: usize = 50;
+/// The relay's pool size per database: the connection budget.
+const BUDGET: i64 = 4;
+
+/// One relay process for 50 tenant schemas found by name (one of them created
+/// while it runs) and three configured outboxes in three databases (two under
+/// names of their own): every event published once, per-aggregate order kept
+/// per outbox, the labelled metrics adding up to the total, the test
+/// database's relay sessions within the budget, and the admin commands over
+/// all outboxes or the one `--outbox` names.
 #[tokio::test(flavor = "multi_thread")]
 async fn one_process_relays_configured_outboxes_and_tenants_found_while_running() {
     let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
     let admin = PgPoolOptions::new()
-        .max_connections(1)
+        .max_connections(2)
         .connect(&database_url())
         .await
         .unwrap();
-    let other_db = format!("relay_group_{tag}");
-    sqlx::query(&format!("CREATE DATABASE {other_db}"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let other_url = PgConnectOptions::from_str(&database_url())
-        .unwrap()
-        .database(&other_db);
-    let there = PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(other_url)
-        .await
-        .unwrap();
-    let other_db_url = format!("{}/{other_db}", database_url().rsplit_once('/').unwrap().0);
+    let (billing_db, shipping_db) = (
+        format!("relay_billing_{tag}"),
+        format!("relay_shipping_{tag}"),
+    );
+    let (billing_pool, billing_url) = create_database(&admin, &billing_db).await;
+    let (shipping_pool, shipping_url) = create_database(&admin, &shipping_db).await;
 
     let here = TestOutbox::new().await.unwrap();
-    let billing = TestOutbox::with_pool(there.clone()).await.unwrap();
+    let billing = TestOutbox::with_pool(billing_pool.clone()).await.unwrap();
+    let shipping = TestOutbox::with_pool(shipping_pool.clone()).await.unwrap();
     let prefix = format!("relaytenants{tag}");
-    let first_tenant = outbox_in(&here.pool, &format!("{prefix}_a")).await;
+    let mut tenants = Vec::new();
+    for i in 0..TENANTS - 1 {
+        tenants.push(outbox_in(&here.pool, &format!("{prefix}_{i:02}")).await);
+    }
     let port = free_port();
     let config = Config::new(&format!(
         r#"{head}
@@ -90,8 +134,13 @@ schema = "{here_schema}"
 [[outbox]]
 name = "billing"
 schema = "{billing_schema}"
-database_url = "{other_db_url}"
+database_url = "{billing_url}"
 batch_size = 20
+
+[[outbox]]
+name = "shipping"
+schema = "{shipping_schema}"
+database_url = "{shipping_url}"
 
 [tenants]
 schemas = "{prefix}\\_%"
@@ -104,22 +153,28 @@ stats_refresh = "200ms"
 [broker]
 kind = "stdout"
 "#,
-        head =
-            Config::head(&database_url(), "unused").replace("[tables]\nschema = \"unused\"\n", ""),
+        head = Config::head(&database_url(), "unused")
+            .replace("[tables]\nschema = \"unused\"\n", "")
+            .replace(
+                "connect_timeout = \"5s\"\n",
+                &format!("connect_timeout = \"5s\"\nmax_connections = {BUDGET}\n")
+            ),
         here_schema = here.tables.schema().as_str(),
         billing_schema = billing.tables.schema().as_str(),
+        shipping_schema = shipping.tables.schema().as_str(),
     ));
-    let names = [
-        here.tables.outbox_name(),
-        "billing".to_string(),
-        first_tenant.tables.outbox_name(),
-    ];
 
     // `migrate` brings every outbox up to date: configured and tenants found now.
     let migrated = run_ok(&config.path, &["migrate"]);
-    assert_eq!(migrated.matches("up to date").count(), 3, "{migrated}");
+    assert_eq!(
+        migrated.matches("up to date").count(),
+        3 + TENANTS - 1,
+        "{migrated}"
+    );
 
-    // One dead letter in the tenant (an aggregate of its own), for the admin commands.
+    // One dead letter in a tenant (an aggregate of its own), retried alone with
+    // `--outbox` before the relay starts, so published with the rest.
+    let first_tenant = tenants[0].clone();
     let dead = first_tenant
         .enqueue_committed(&[NewEvent::new(
             "payment",
@@ -137,63 +192,99 @@ kind = "stdout"
     .await
     .unwrap();
     assert_eq!(report.dead_lettered, 1);
-    let mut all: HashSet<Uuid> = HashSet::new();
-    for outbox in [&here, &billing, &first_tenant] {
-        all.extend(enqueue(outbox, 60).await);
-    }
-
     let listed = run_ok(&config.path, &["dead-letters", "list", "--json"]);
     let listed: Vec<serde_json::Value> = listed
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(listed.len(), 1, "{listed:?}");
-    assert_eq!(listed[0]["outbox"], names[2].as_str());
+    assert_eq!(
+        listed[0]["outbox"],
+        first_tenant.tables.outbox_name().as_str()
+    );
     assert_eq!(listed[0]["id"], dead[0].to_string());
-
-    let relay = RelayProcess::start(&config.path);
-    // A tenant created while the relay runs is found at its next look.
-    let later_tenant = outbox_in(&here.pool, &format!("{prefix}_b")).await;
-    all.extend(enqueue(&later_tenant, 40).await);
-    // The dead letter, retried in its outbox alone, is published too.
     let retried = run_ok(
         &config.path,
-        &["dead-letters", "retry", "--outbox", &names[2], "--yes"],
+        &[
+            "dead-letters",
+            "retry",
+            "--outbox",
+            &first_tenant.tables.outbox_name(),
+            "--yes",
+        ],
     );
     assert!(retried.contains("1 dead letter(s) retried"), "{retried}");
-    all.insert(dead[0]);
 
-    let outboxes = [&here, &billing, &first_tenant, &later_tenant];
-    for outbox in outboxes {
-        wait_until_drained(outbox, Duration::from_secs(60)).await;
+    // Each outbox's events in enqueue order (aggregate = index % 50, see `enqueue`).
+    let mut runs: Vec<(String, Vec<Uuid>)> = vec![
+        (here.tables.outbox_name(), enqueue(&here, 200).await),
+        ("billing".to_string(), enqueue(&billing, 200).await),
+        ("shipping".to_string(), enqueue(&shipping, 200).await),
+    ];
+    for tenant in &tenants {
+        runs.push((
+            tenant.tables.outbox_name(),
+            enqueue(tenant, TENANT_EVENTS).await,
+        ));
     }
 
-    // Labelled metrics: each outbox's published count is its own.
-    let expected = [
-        (names[0].clone(), 60.0),
-        (names[1].clone(), 60.0),
-        (names[2].clone(), 61.0),
-        (later_tenant.tables.outbox_name(), 40.0),
-    ];
+    let relay = RelayProcess::start(&config.path);
+    // The relay sessions on the test database, sampled until everything is
+    // published: never above the budget.
+    let most = Arc::new(AtomicI64::new(0));
+    let sampling = {
+        let (admin, most) = (admin.clone(), Arc::clone(&most));
+        tokio::spawn(async move {
+            loop {
+                most.fetch_max(relay_sessions(&admin).await, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    // A tenant created while the relay runs is found at its next look.
+    let later = outbox_in(&here.pool, &format!("{prefix}_{:02}", TENANTS - 1)).await;
+    runs.push((
+        later.tables.outbox_name(),
+        enqueue(&later, TENANT_EVENTS).await,
+    ));
+    tenants.push(later);
+
+    let mut outboxes: Vec<&TestOutbox> = vec![&here, &billing, &shipping];
+    outboxes.extend(tenants.iter());
+    for outbox in &outboxes {
+        wait_until_drained(outbox, Duration::from_secs(90)).await;
+    }
+    sampling.abort();
+    let most = most.load(Ordering::Relaxed);
+    assert!(
+        (1..=BUDGET).contains(&most),
+        "{most} relay sessions on the test database; the budget is {BUDGET}"
+    );
+
+    // Labelled metrics: each outbox's published count is its own, and they add
+    // up to every event.
+    let total: usize = runs.iter().map(|(_, ids)| ids.len()).sum::<usize>() + 1;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (status, metrics) = get(port, "/metrics").expect("metrics");
         assert_eq!(status, 200);
-        let counts: Vec<f64> = expected
+        let wrong: Vec<String> = runs
+            .iter()
+            .filter_map(|(name, ids)| {
+                let want = ids.len() + usize::from(*name == first_tenant.tables.outbox_name());
+                let got = labelled(&metrics, "outbox_events_published_total", name);
+                (got != want as f64).then(|| format!("{name}: {got} of {want}"))
+            })
+            .collect();
+        let sum: f64 = runs
             .iter()
             .map(|(name, _)| labelled(&metrics, "outbox_events_published_total", name))
-            .collect();
-        if counts
-            .iter()
-            .zip(&expected)
-            .all(|(count, (_, want))| count == want)
-        {
+            .sum();
+        if wrong.is_empty() {
+            assert_eq!(sum, total as f64);
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "published counts per outbox {counts:?}, expected {expected:?}"
-        );
+        assert!(Instant::now() < deadline, "published per outbox: {wrong:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let health = get(port, "/healthz").expect("healthz");
@@ -211,8 +302,8 @@ kind = "stdout"
         .iter()
         .map(|s| s["outbox"].as_str().unwrap())
         .collect();
-    assert_eq!(listed.len(), 4, "{stats:?}");
-    for (name, _) in &expected {
+    assert_eq!(listed.len(), runs.len(), "{listed:?}");
+    for (name, _) in &runs {
         assert!(
             listed.contains(&name.as_str()),
             "{name} missing in {listed:?}"
@@ -236,16 +327,39 @@ kind = "stdout"
     assert!(status.success(), "exit status {status}");
     let unique: HashSet<Uuid> = published.iter().copied().collect();
     assert_eq!(unique.len(), published.len(), "duplicates on a clean run");
+    let mut all: HashSet<Uuid> = runs
+        .iter()
+        .flat_map(|(_, ids)| ids.iter().copied())
+        .collect();
+    all.insert(dead[0]);
     assert_eq!(unique, all);
+    // Per-aggregate order, per outbox: each aggregate's events arrived in the
+    // order they were enqueued.
+    let position: std::collections::HashMap<Uuid, usize> = published
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (*id, i))
+        .collect();
+    for (name, ids) in &runs {
+        for aggregate in 0..50 {
+            let arrivals: Vec<usize> = ids
+                .iter()
+                .skip(aggregate)
+                .step_by(50)
+                .map(|id| position[id])
+                .collect();
+            assert!(
+                arrivals.windows(2).all(|w| w[0] < w[1]),
+                "{name}: aggregate {aggregate} out of order: {arrivals:?}"
+            );
+        }
+    }
 
-    for outbox in outboxes {
+    for outbox in &outboxes {
         outbox.drop_schema().await.unwrap();
     }
-    there.close().await;
-    sqlx::query(&format!("DROP DATABASE {other_db} WITH (FORCE)"))
-        .execute(&admin)
-        .await
-        .unwrap();
+    drop_database(&admin, billing_pool, &billing_db).await;
+    drop_database(&admin, shipping_pool, &shipping_db).await;
 }
 
 /// `[tables]` and `[[outbox]]` together, two entries of one name, `[[outbox]]`

@@ -416,7 +416,7 @@ pub(crate) async fn dead_letters(
         match &command {
             DeadLettersCommand::Show { id, json, full } => {
                 for target in &targets {
-                    if show(&admin_of(target), *id, *json, *full).await? {
+                    if show(&admin_of(target), &target.name, *id, *json, *full).await? {
                         return Ok(());
                     }
                 }
@@ -486,9 +486,7 @@ async fn list(
         .map_err(failure::store("dead letters"))?;
     if as_json {
         for letter in &letters {
-            let mut line = to_json(letter);
-            line["outbox"] = json!(outbox);
-            println!("{line}");
+            println!("{}", to_json(outbox, letter));
         }
         return Ok(());
     }
@@ -528,6 +526,7 @@ fn shown_payload(payload: &str, limit: usize) -> String {
 /// Show dead letter `id` if this outbox holds it; whether it did.
 async fn show(
     admin: &impl DeadLetterAdmin,
+    outbox: &str,
     id: Uuid,
     as_json: bool,
     full: bool,
@@ -540,10 +539,11 @@ async fn show(
         return Ok(false);
     };
     if as_json {
-        println!("{}", to_json(&letter));
+        println!("{}", to_json(outbox, &letter));
         return Ok(true);
     }
     let e = &letter.event;
+    println!("outbox          {outbox}");
     println!("id              {}", e.id);
     println!("event type      {}", e.event_type);
     println!("aggregate       {} {}", e.aggregate_type, e.aggregate_id);
@@ -674,11 +674,12 @@ fn clip(text: &str, max: usize) -> String {
     cut
 }
 
-fn to_json(letter: &DeadLetter) -> serde_json::Value {
+fn to_json(outbox: &str, letter: &DeadLetter) -> serde_json::Value {
     let e = &letter.event;
     let payload: serde_json::Value =
         serde_json::from_str(e.payload.get()).unwrap_or(serde_json::Value::Null);
     json!({
+        "outbox": outbox,
         "id": e.id,
         "aggregate_type": e.aggregate_type,
         "aggregate_id": e.aggregate_id,

@@ -25,23 +25,24 @@ use pgoutbox::amqp::lapin::types::FieldTable;
 use pgoutbox::amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use pgoutbox::amqp::{AmqpConfig, Metadata};
 
-use order_service::{Deliveries, Error};
+use order_service::{Database, Deliveries, Error, Example};
 
 const QUEUE: &str = "billing";
 
-const ABOUT: &str = "Order service on RabbitMQ: orders and their events commit in one transaction, a relay publishes them to the exchange `outbox`, a consumer processes each once.";
-const AFTER_HELP: &str = "Without arguments it runs until Ctrl-C. RabbitMQ: OUTBOX_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/%2f) and the other OUTBOX_AMQP_* variables; the queue `billing`.";
+const EXAMPLE: Example = Example {
+    name: "amqp",
+    about: "Order service on RabbitMQ: orders and their events commit in one transaction, a relay publishes them to the exchange `outbox`, a consumer processes each once.",
+    after_help: "Without arguments it runs until Ctrl-C. RabbitMQ: OUTBOX_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/%2f) and the other OUTBOX_AMQP_* variables; the queue `billing`.",
+    default_orders: None,
+    log_filter: "info,sqlx=warn,lapin=warn",
+};
 
 #[tokio::main]
 async fn main() {
-    order_service::init_tracing("info,sqlx=warn,lapin=warn");
-    order_service::exit_on_error("amqp", run().await);
+    order_service::main(EXAMPLE, run).await;
 }
 
-async fn run() -> Result<(), Error> {
-    let orders = order_service::orders_arg("amqp", ABOUT, AFTER_HELP, None);
-    let db = order_service::connect("amqp").await?;
-
+async fn run(db: Database, orders: Option<u32>) -> Result<(), Error> {
     // The publisher and its exchange, then the consumer's queue bound to it.
     let config = AmqpConfig::from_env()?;
     let amqp_url = config.url.clone();
@@ -76,7 +77,6 @@ async fn run() -> Result<(), Error> {
 
     order_service::serve("amqp", &db, publisher, "billing", orders, Queue(&channel)).await?;
     let _ = connection.close(0, "bye").await;
-    db.pool.close().await;
     Ok(())
 }
 

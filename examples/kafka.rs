@@ -24,23 +24,24 @@ use pgoutbox::kafka::rdkafka::message::{BorrowedMessage, Message};
 use pgoutbox::kafka::rdkafka::mocking::MockCluster;
 use pgoutbox::kafka::{KafkaConfig, Metadata, ENV_BROKERS};
 
-use order_service::{Deliveries, Error};
+use order_service::{Database, Deliveries, Error, Example};
 
 const TOPIC: &str = "outbox-orders";
 
-const ABOUT: &str = "Order service on Kafka: orders and their events commit in one transaction, a relay publishes them to the topic `outbox-orders`, a consumer processes each once.";
-const AFTER_HELP: &str = "Without arguments it creates 5 orders. Kafka: OUTBOX_KAFKA_BROKERS and the other OUTBOX_KAFKA_* variables; without OUTBOX_KAFKA_BROKERS, librdkafka's in-process mock cluster.";
+const EXAMPLE: Example = Example {
+    name: "kafka",
+    about: "Order service on Kafka: orders and their events commit in one transaction, a relay publishes them to the topic `outbox-orders`, a consumer processes each once.",
+    after_help: "Without arguments it creates 5 orders. Kafka: OUTBOX_KAFKA_BROKERS and the other OUTBOX_KAFKA_* variables; without OUTBOX_KAFKA_BROKERS, librdkafka's in-process mock cluster.",
+    default_orders: Some(5),
+    log_filter: "info,sqlx=warn,rdkafka=warn",
+};
 
 #[tokio::main]
 async fn main() {
-    order_service::init_tracing("info,sqlx=warn,rdkafka=warn");
-    order_service::exit_on_error("kafka", run().await);
+    order_service::main(EXAMPLE, run).await;
 }
 
-async fn run() -> Result<(), Error> {
-    let orders = order_service::orders_arg("kafka", ABOUT, AFTER_HELP, Some(5));
-    let db = order_service::connect("kafka").await?;
-
+async fn run(db: Database, orders: Option<u32>) -> Result<(), Error> {
     // A real cluster from the environment, or librdkafka's mock cluster in-process.
     // Kept alive until the end: the relay and the consumer talk to it.
     let mut mock = None;
@@ -81,7 +82,6 @@ async fn run() -> Result<(), Error> {
     )
     .await?;
     relay.publisher().flush(Duration::from_secs(5)).await?;
-    db.pool.close().await;
     // Clients first, then the mock cluster they talk to.
     drop(consumer);
     drop(relay);
@@ -89,7 +89,6 @@ async fn run() -> Result<(), Error> {
     Ok(())
 }
 
-/// Process events once each (the inbox skips duplicates). In demo mode, return when
 /// The topic's messages; each offset is committed once its event is processed
 /// (the inbox transaction committed).
 struct Topic<'c>(&'c StreamConsumer);

@@ -18,23 +18,24 @@ use std::time::Duration;
 
 use pgoutbox::nats::{EventConsumer, EventMessage, Metadata, NatsConfig};
 
-use order_service::{Deliveries, Error};
+use order_service::{Database, Deliveries, Error, Example};
 
 const STREAM: &str = "OUTBOX_ORDERS";
 
-const ABOUT: &str = "Order service on NATS JetStream: orders and their events commit in one transaction, a relay publishes them to JetStream, a consumer processes each once.";
-const AFTER_HELP: &str = "Without arguments it runs until Ctrl-C. NATS: OUTBOX_NATS_URL (default nats://127.0.0.1:4222) and the other OUTBOX_NATS_* variables; the stream OUTBOX_ORDERS.";
+const EXAMPLE: Example = Example {
+    name: "nats",
+    about: "Order service on NATS JetStream: orders and their events commit in one transaction, a relay publishes them to JetStream, a consumer processes each once.",
+    after_help: "Without arguments it runs until Ctrl-C. NATS: OUTBOX_NATS_URL (default nats://127.0.0.1:4222) and the other OUTBOX_NATS_* variables; the stream OUTBOX_ORDERS.",
+    default_orders: None,
+    log_filter: "info,sqlx=warn,async_nats=warn",
+};
 
 #[tokio::main]
 async fn main() {
-    order_service::init_tracing("info,sqlx=warn,async_nats=warn");
-    order_service::exit_on_error("nats", run().await);
+    order_service::main(EXAMPLE, run).await;
 }
 
-async fn run() -> Result<(), Error> {
-    let orders = order_service::orders_arg("nats", ABOUT, AFTER_HELP, None);
-    let db = order_service::connect("nats").await?;
-
+async fn run(db: Database, orders: Option<u32>) -> Result<(), Error> {
     // The publisher and its stream (idempotent), then a durable consumer on it.
     let config = NatsConfig::from_env()?;
     let nats_url = pgoutbox::redact_url(&config.url);
@@ -57,7 +58,6 @@ async fn run() -> Result<(), Error> {
         JetStream(consumer),
     )
     .await?;
-    db.pool.close().await;
     Ok(())
 }
 

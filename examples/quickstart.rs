@@ -19,23 +19,24 @@ use pgoutbox::postgres::{Outbox, PgStore};
 use pgoutbox::{Relay, StdoutPublisher, Store};
 use tokio_util::sync::CancellationToken;
 
-use order_service::{Database, Error};
+use order_service::{Database, Error, Example};
 
-const ABOUT: &str = "An order service using the outbox with PostgreSQL alone: each order and its event commit in one transaction; a relay prints the events (one JSON line each).";
-const AFTER_HELP: &str = "Without arguments it creates an order every second until Ctrl-C.";
+const EXAMPLE: Example = Example {
+    name: "quickstart",
+    about: "An order service using the outbox with PostgreSQL alone: each order and its event commit in one transaction; a relay prints the events (one JSON line each).",
+    after_help: "Without arguments it creates an order every second until Ctrl-C.",
+    default_orders: None,
+    log_filter: "info,sqlx=warn",
+};
 
 #[tokio::main]
 async fn main() {
-    order_service::init_tracing("info,sqlx=warn");
-    order_service::exit_on_error("quickstart", run().await);
+    // 1. Schema: `order_service::main` connects, creates the outbox (idempotent) and
+    //    the business table, then calls `run` with them.
+    order_service::main(EXAMPLE, run).await;
 }
 
-async fn run() -> Result<(), Error> {
-    let orders = order_service::orders_arg("quickstart", ABOUT, AFTER_HELP, None);
-
-    // 1. Schema: the outbox (idempotent) and the business table.
-    let db = order_service::connect("quickstart").await?;
-
+async fn run(db: Database, orders: Option<u32>) -> Result<(), Error> {
     // 2. The relay, publishing to stdout, until Ctrl-C (or until the demo is done).
     let store = PgStore::new(db.pool.clone(), db.tables.clone());
     let relay =
@@ -51,7 +52,6 @@ async fn run() -> Result<(), Error> {
     produced?;
     let stats = relay.stats().snapshot();
     eprintln!("quickstart: published {} events, bye", stats.published);
-    db.pool.close().await;
     Ok(())
 }
 

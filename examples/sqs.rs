@@ -23,23 +23,24 @@ use pgoutbox::sqs::aws_sdk_sqs::types::{Message as SqsMessage, QueueAttributeNam
 use pgoutbox::sqs::aws_sdk_sqs::Client;
 use pgoutbox::sqs::{Metadata, SqsConfig, ENV_ENDPOINT, ENV_QUEUE};
 
-use order_service::{Deliveries, Error};
+use order_service::{Database, Deliveries, Error, Example};
 
 const DEFAULT_QUEUE: &str = "outbox-orders.fifo";
 
-const ABOUT: &str = "Order service on Amazon SQS: orders and their events commit in one transaction, a relay publishes them to a FIFO queue, a consumer processes each once.";
-const AFTER_HELP: &str = "Without arguments it creates 5 orders. SQS: the OUTBOX_SQS_* variables; OUTBOX_SQS_ENDPOINT points at moto (scripts/moto.sh sets it); the queue OUTBOX_SQS_QUEUE (default outbox-orders.fifo) is created when missing.";
+const EXAMPLE: Example = Example {
+    name: "sqs",
+    about: "Order service on Amazon SQS: orders and their events commit in one transaction, a relay publishes them to a FIFO queue, a consumer processes each once.",
+    after_help: "Without arguments it creates 5 orders. SQS: the OUTBOX_SQS_* variables; OUTBOX_SQS_ENDPOINT points at moto (scripts/moto.sh sets it); the queue OUTBOX_SQS_QUEUE (default outbox-orders.fifo) is created when missing.",
+    default_orders: Some(5),
+    log_filter: "info,sqlx=warn,aws_config=warn",
+};
 
 #[tokio::main]
 async fn main() {
-    order_service::init_tracing("info,sqlx=warn,aws_config=warn");
-    order_service::exit_on_error("sqs", run().await);
+    order_service::main(EXAMPLE, run).await;
 }
 
-async fn run() -> Result<(), Error> {
-    let orders = order_service::orders_arg("sqs", ABOUT, AFTER_HELP, Some(5));
-    let db = order_service::connect("sqs").await?;
-
+async fn run(db: Database, orders: Option<u32>) -> Result<(), Error> {
     let queue = std::env::var(ENV_QUEUE)
         .ok()
         .filter(|q| !q.is_empty())
@@ -87,12 +88,9 @@ async fn run() -> Result<(), Error> {
         },
     )
     .await?;
-    db.pool.close().await;
     Ok(())
 }
 
-/// Process events once each (the inbox skips duplicates), deleting each message after
-/// its inbox transaction committed. In demo mode, return when every event of this run
 /// The queue's messages, up to 10 per long poll of 1 s; each deleted once its
 /// event is processed.
 struct Queue<'c> {

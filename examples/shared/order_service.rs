@@ -1,6 +1,7 @@
-//! The order service shared by the examples: command line, tracing, the `orders`
-//! table, creating orders (each order row and its `order.created` event in one
-//! transaction), waiting until this run's events are consumed, and shutdown.
+//! The order service shared by the examples: their start ([`main`]: tracing,
+//! command line, the database with the `orders` table), creating orders (each order
+//! row and its `order.created` event in one transaction), waiting until this run's
+//! events are consumed, and shutdown.
 //!
 //! Each example includes this file with `#[path = "shared/order_service.rs"] mod
 //! order_service;` and keeps its broker-specific parts (publisher, consumer) itself.
@@ -53,6 +54,49 @@ const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 /// How long a demo run (`--orders N`) waits for its events to be consumed.
 const DEMO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// An example: its name (that of its schema `example_<name>`, and the prefix of its
+/// log lines), its `--help` text, how many orders it creates without arguments and
+/// what it logs.
+pub(crate) struct Example {
+    pub(crate) name: &'static str,
+    /// What it does, the first lines of `--help`.
+    pub(crate) about: &'static str,
+    /// The last lines of `--help`: its defaults and its broker's settings.
+    pub(crate) after_help: &'static str,
+    /// The orders to create without `--orders N` or `--forever`; none: one a second
+    /// until Ctrl-C.
+    pub(crate) default_orders: Option<u32>,
+    /// What to log to stderr unless `RUST_LOG` says otherwise.
+    pub(crate) log_filter: &'static str,
+}
+
+/// Start the example: set up logging, read the command line, connect to the
+/// database and create the example's schema (see [`connect`]), then `run(db,
+/// orders)` with the number of orders to create (none: until Ctrl-C). Closes the
+/// pool afterwards; on an error, prints it prefixed with the example's name and
+/// exits with status 1.
+pub(crate) async fn main<F, Fut>(example: Example, run: F)
+where
+    F: FnOnce(Database, Option<u32>) -> Fut,
+    Fut: Future<Output = Result<(), Error>>,
+{
+    init_tracing(example.log_filter);
+    let orders = orders_arg(
+        example.name,
+        example.about,
+        example.after_help,
+        example.default_orders,
+    );
+    let result = async {
+        let db = connect(example.name).await?;
+        let pool = db.pool.clone();
+        run(db, orders).await?;
+        pool.close().await;
+        Ok(())
+    };
+    exit_on_error(example.name, result.await);
+}
 
 /// Log to stderr, filtered by `RUST_LOG` or else `default_filter`.
 pub(crate) fn init_tracing(default_filter: &str) {

@@ -86,6 +86,13 @@ fn assert_demo(name: &str, out: &Output) {
     );
 }
 
+/// Run the example `name` with `--orders 3` and these variables, and check the demo.
+fn run_demo(name: &str, bin: &str, vars: &[(&str, String)]) -> Output {
+    let out = run(bin, &["--orders", "3"], vars);
+    assert_demo(name, &out);
+    out
+}
+
 #[test]
 fn quickstart_publishes_its_orders_and_exits() {
     let out = run(env!("CARGO_BIN_EXE_quickstart"), &["--orders", "3"], &[]);
@@ -183,12 +190,11 @@ fn an_unreachable_database_is_named_without_its_password() {
 #[test]
 fn nats_example_consumes_its_typed_events() {
     let url = env("OUTBOX_NATS_URL").replacen("nats://", &format!("nats://app:{SENTINEL}@"), 1);
-    let out = run(
+    let out = run_demo(
+        "nats",
         env!("CARGO_BIN_EXE_nats"),
-        &["--orders", "3"],
         &[("OUTBOX_NATS_URL", url)],
     );
-    assert_demo("nats", &out);
     assert!(
         text(&out.stderr).contains("nats: publishing to nats://app:***@"),
         "{}",
@@ -198,12 +204,11 @@ fn nats_example_consumes_its_typed_events() {
 
 #[test]
 fn amqp_example_consumes_its_typed_events() {
-    let out = run(
+    run_demo(
+        "amqp",
         env!("CARGO_BIN_EXE_amqp"),
-        &["--orders", "3"],
         &[("OUTBOX_AMQP_URL", env("OUTBOX_AMQP_URL"))],
     );
-    assert_demo("amqp", &out);
 }
 
 /// On librdkafka's mock cluster (no `OUTBOX_KAFKA_BROKERS`, as the README runs it),
@@ -217,25 +222,23 @@ fn kafka_example_consumes_its_typed_events_on_the_mock_cluster_and_on_tansu() {
         .env_remove("OUTBOX_KAFKA_BROKERS");
     assert_demo("kafka", &command.output().unwrap());
 
-    let out = run(
+    run_demo(
+        "kafka",
         env!("CARGO_BIN_EXE_kafka"),
-        &["--orders", "3"],
         &[("OUTBOX_KAFKA_BROKERS", env("OUTBOX_TANSU_BROKERS"))],
     );
-    assert_demo("kafka", &out);
 }
 
 #[test]
 fn sqs_example_consumes_its_typed_events() {
-    let out = run(
+    run_demo(
+        "sqs",
         env!("CARGO_BIN_EXE_sqs"),
-        &["--orders", "3"],
         &[
             ("OUTBOX_SQS_ENDPOINT", env("OUTBOX_SQS_ENDPOINT")),
             ("OUTBOX_SQS_QUEUE", "example-orders.fifo".to_string()),
         ],
     );
-    assert_demo("sqs", &out);
 }
 
 /// The `outbox` command line built with a broker of the example's own

@@ -1,5 +1,6 @@
 //! The benchmark's outbox: a fresh schema, bulk filling, relays run to a count.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,7 +10,7 @@ use pgoutbox_postgres::{Outbox, PgStore, Tables};
 use sqlx::{Connection, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-use crate::{progress, Result};
+use crate::{progress, Mode, Result};
 
 /// The schema every scenario works in; dropped and created again at the start.
 pub(crate) const SCHEMA: &str = "outbox_bench";
@@ -70,6 +71,36 @@ impl Bench {
         Ok(PgStore::new(pool, self.tables.clone()))
     }
 
+    /// A relay with the default settings on a store of 3 connections waking up as
+    /// `mode` says.
+    pub(crate) async fn relay<P: Publisher>(
+        &self,
+        mode: Mode,
+        publisher: P,
+    ) -> Result<Relay<PgStore, P>> {
+        let store = self.store(3).await?.with_wakeup(mode.wakeup());
+        Ok(Relay::new(store, publisher).with_config(RelayConfig::default()))
+    }
+
+    /// Empty the tables (as [`Bench::reset`] does), then run `work` with `mode`'s
+    /// set-up in place: for `notify`, its trigger, removed afterwards.
+    pub(crate) async fn in_mode<T>(
+        &self,
+        mode: Mode,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        self.reset().await?;
+        let notify = mode == Mode::Notify;
+        if notify {
+            pgoutbox_postgres::install_notify_trigger(&self.pool, &self.tables).await?;
+        }
+        let out = work.await?;
+        if notify {
+            pgoutbox_postgres::remove_notify_trigger(&self.pool, &self.tables).await?;
+        }
+        Ok(out)
+    }
+
     /// Empty the events and business tables, then checkpoint, so runs start alike.
     pub(crate) async fn reset(&self) -> Result<()> {
         sqlx::query(&format!("TRUNCATE {SCHEMA}.outbox_events, {SCHEMA}.orders"))
@@ -109,39 +140,15 @@ impl Bench {
 
     /// Enqueue `n` events whose aggregates follow `keys`, as [`Bench::fill`] does.
     pub(crate) async fn fill_keys(&self, n: u64, keys: &Keys) -> Result<()> {
-        let keys = Arc::new(keys.draw(n));
-        let started = Instant::now();
-        let next = Arc::new(AtomicU64::new(0));
-        let chunk = 5000;
-        let fillers = (0..2).map(|_| {
-            let next = Arc::clone(&next);
-            let keys = Arc::clone(&keys);
-            async move {
-                let mut conn = PgConnection::connect(&self.url).await?;
-                loop {
-                    let from = next.fetch_add(chunk, Ordering::Relaxed);
-                    if from >= n {
-                        return Ok::<_, Box<dyn std::error::Error + Send + Sync>>(());
-                    }
-                    let events: Vec<NewEvent> = (from..(from + chunk).min(n))
-                        .map(|i| event_of(i, keys[i as usize]))
-                        .collect();
-                    let mut tx = conn.begin().await?;
-                    self.outbox.enqueue_many(&mut tx, &events).await?;
-                    tx.commit().await?;
-                }
-            }
-        });
-        for result in futures_util::future::join_all(fillers).await {
-            result?;
-        }
-        let elapsed = started.elapsed();
-        progress(format!(
-            "filled {n} events in {:.1} s ({:.0} events/s)",
-            elapsed.as_secs_f64(),
-            n as f64 / elapsed.as_secs_f64()
-        ));
-        Ok(())
+        fill_outbox(&self.url, &self.outbox, n, keys).await
+    }
+
+    /// A backlog of `n` events over `aggregates` aggregates in emptied tables,
+    /// settled: [`Bench::reset`], [`Bench::fill`], [`Bench::settle`].
+    pub(crate) async fn backlog(&self, n: u64, aggregates: u64) -> Result<()> {
+        self.reset().await?;
+        self.fill(n, aggregates).await?;
+        self.settle().await
     }
 
     /// Insert `n` already-processed rows server-side (history for `Retention::Keep`).
@@ -174,6 +181,44 @@ impl Bench {
         ));
         Ok(())
     }
+}
+
+/// Enqueue into `outbox` `n` events whose aggregates follow `keys`, with
+/// `enqueue_many` in transactions of 5000 events on two connections.
+pub(crate) async fn fill_outbox(url: &str, outbox: &Outbox, n: u64, keys: &Keys) -> Result<()> {
+    let keys = Arc::new(keys.draw(n));
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let chunk = 5000;
+    let fillers = (0..2).map(|_| {
+        let next = Arc::clone(&next);
+        let keys = Arc::clone(&keys);
+        async move {
+            let mut conn = PgConnection::connect(url).await?;
+            loop {
+                let from = next.fetch_add(chunk, Ordering::Relaxed);
+                if from >= n {
+                    return Ok::<_, Box<dyn std::error::Error + Send + Sync>>(());
+                }
+                let events: Vec<NewEvent> = (from..(from + chunk).min(n))
+                    .map(|i| event_of(i, keys[i as usize]))
+                    .collect();
+                let mut tx = conn.begin().await?;
+                outbox.enqueue_many(&mut tx, &events).await?;
+                tx.commit().await?;
+            }
+        }
+    });
+    for result in futures_util::future::join_all(fillers).await {
+        result?;
+    }
+    let elapsed = started.elapsed();
+    progress(format!(
+        "filled {n} events in {:.1} s ({:.0} events/s)",
+        elapsed.as_secs_f64(),
+        n as f64 / elapsed.as_secs_f64()
+    ));
+    Ok(())
 }
 
 /// How the events of a backlog spread over aggregates.
@@ -234,11 +279,12 @@ pub(crate) fn event_of(i: u64, aggregate: u64) -> NewEvent {
     NewEvent::from_json_str("order", format!("a{aggregate}"), "order.created", payload)
 }
 
-/// Offer `total` events at `rate` per second, one per producer transaction, each on
-/// a task of its own so that a slow commit does not slow the offer; the commit
-/// instant of every event.
+/// Offer `total` events to `outbox` at `rate` per second, one per producer
+/// transaction on `pool`, each on a task of its own so that a slow commit does not
+/// slow the offer; the commit instant of every event.
 pub(crate) async fn produce_at_rate(
-    bench: &Bench,
+    pool: &PgPool,
+    outbox: &Outbox,
     rate: u64,
     total: u64,
 ) -> Result<Vec<(Uuid, Instant)>> {
@@ -249,8 +295,7 @@ pub(crate) async fn produce_at_rate(
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..total {
         ticks.tick().await;
-        let pool = bench.pool.clone();
-        let outbox = bench.outbox.clone();
+        let (pool, outbox) = (pool.clone(), outbox.clone());
         let committed = Arc::clone(&committed);
         tasks.spawn(async move {
             let mut tx = pool.begin().await?;
@@ -271,6 +316,25 @@ pub(crate) async fn produce_at_rate(
     }
     let stamps = committed.lock().map(|c| c.clone()).unwrap_or_default();
     Ok(stamps)
+}
+
+/// Run `relay` while `work` runs, then stop it; what `work` returned.
+pub(crate) async fn run_while<S: Store, P: Publisher, T>(
+    relay: &Relay<S, P>,
+    work: impl Future<Output = T>,
+) -> T {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (out, ()) = tokio::join!(
+        async {
+            let out = work.await;
+            let _ = stop_tx.send(());
+            out
+        },
+        relay.run(async {
+            let _ = stop_rx.await;
+        })
+    );
+    out
 }
 
 /// Run `relays` relays until together they published `n` events; the elapsed time.
@@ -372,6 +436,26 @@ pub(crate) async fn run_sql_limit(
         result?;
     }
     Ok(started.elapsed())
+}
+
+/// A JetStream publisher to `url` with subjects under `prefix`, into the stream
+/// `stream` created empty (what an earlier run left deleted).
+#[cfg(feature = "nats")]
+pub(crate) async fn fresh_stream(
+    url: &str,
+    prefix: &str,
+    stream: &str,
+) -> Result<pgoutbox_nats::NatsPublisher> {
+    use pgoutbox_nats::{NatsConfig, SubjectRouting};
+    let publisher = NatsConfig::new(url)
+        .routing(SubjectRouting::new(prefix))
+        .build()
+        .await?;
+    let _ = publisher.jetstream().delete_stream(stream).await;
+    publisher
+        .ensure_stream(publisher.stream_config(stream))
+        .await?;
+    Ok(publisher)
 }
 
 /// Whether the store has nothing left to publish.

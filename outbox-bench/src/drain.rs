@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use clap::Args;
-use pgoutbox_core::{NullPublisher, RelayConfig};
-use pgoutbox_postgres::{Retention, StoreConfig};
+use pgoutbox_core::{NullPublisher, Publisher, RelayConfig};
+use pgoutbox_postgres::{PgStore, Retention, StoreConfig};
 use serde_json::json;
 
 use crate::db::{run_relays, run_sql_limit, Bench};
@@ -52,6 +52,24 @@ impl DrainOptions {
             .synchronous_commit(self.synchronous_commit)
     }
 
+    /// The benchmark schema, fresh, and a store for `relays` relays of `workers`
+    /// claim loops each (one connection per loop, one more for the benchmark).
+    async fn start(&self, url: &str, workers: usize, retention: Retention) -> Result<Drains> {
+        let bench = Bench::fresh(url).await?;
+        let relays = self.relays.max(1);
+        let store = bench
+            .store((relays * workers) as u32 + 1)
+            .await?
+            .with_config(self.store_config(retention));
+        Ok(Drains {
+            bench,
+            config: self.relay_config(),
+            relays,
+            store,
+            events: self.events,
+        })
+    }
+
     fn describe(&self, config: &RelayConfig) -> String {
         format!(
             "events={} relays={} batch={} aggregates={} ordering={} synchronous_commit={}",
@@ -65,6 +83,27 @@ impl DrainOptions {
     }
 }
 
+/// What a drain scenario runs its drains with.
+struct Drains {
+    bench: Bench,
+    config: RelayConfig,
+    relays: usize,
+    store: PgStore,
+    events: u64,
+}
+
+impl Drains {
+    /// Events per second of the relays draining the backlog with `config`.
+    async fn relay_rate<P: Publisher + Clone>(
+        &self,
+        publisher: P,
+        config: &RelayConfig,
+    ) -> Result<f64> {
+        let elapsed = run_relays(&self.store, publisher, self.relays, config, self.events).await?;
+        Ok(self.events as f64 / elapsed.as_secs_f64())
+    }
+}
+
 #[derive(Args, Debug)]
 pub(crate) struct DrainArgs {
     #[command(flatten)]
@@ -74,28 +113,18 @@ pub(crate) struct DrainArgs {
 /// Relay drain rate with the null publisher against the same SQL work without the relay.
 pub(crate) async fn drain(url: &str, args: &DrainArgs) -> Result<Report> {
     let o = &args.options;
-    let bench = Bench::fresh(url).await?;
-    let config = o.relay_config();
-    let relays = o.relays.max(1);
-    let store = bench
-        .store(relays as u32 + 1)
-        .await?
-        .with_config(o.store_config(Retention::Delete));
+    let d = o.start(url, 1, Retention::Delete).await?;
+    let (config, relays) = (&d.config, d.relays);
 
     let (mut relay_rate, mut limit_rate) = (0.0_f64, 0.0_f64);
     for round in 1..=o.rounds.max(1) {
-        bench.reset().await?;
-        bench.fill(o.events, o.aggregates).await?;
-        bench.settle().await?;
-        let relay_time = run_relays(&store, NullPublisher, relays, &config, o.events).await?;
-        let rate = o.events as f64 / relay_time.as_secs_f64();
+        d.bench.backlog(o.events, o.aggregates).await?;
+        let rate = d.relay_rate(NullPublisher, config).await?;
         progress(format!("round {round}: relay {rate:.0} events/s"));
         relay_rate = relay_rate.max(rate);
 
-        bench.reset().await?;
-        bench.fill(o.events, o.aggregates).await?;
-        bench.settle().await?;
-        let limit_time = run_sql_limit(url, &store, relays, config.batch_size, o.events).await?;
+        d.bench.backlog(o.events, o.aggregates).await?;
+        let limit_time = run_sql_limit(url, &d.store, relays, config.batch_size, o.events).await?;
         let rate = o.events as f64 / limit_time.as_secs_f64();
         progress(format!("round {round}: SQL limit {rate:.0} events/s"));
         limit_rate = limit_rate.max(rate);
@@ -107,7 +136,7 @@ pub(crate) async fn drain(url: &str, args: &DrainArgs) -> Result<Report> {
             "drain: relay {relay_rate:.0} events/s, SQL limit {limit_rate:.0} events/s, \
              ratio {ratio:.2} (target >= 0.8: {}) [{} rounds={}, best of each]",
             verdict(ratio >= 0.8),
-            o.describe(&config),
+            o.describe(config),
             o.rounds
         ),
         json: json!({
@@ -146,41 +175,20 @@ pub(crate) async fn drain_broker(_url: &str, args: &BrokerArgs) -> Result<Report
 /// Drain into NATS JetStream against the null publisher.
 #[cfg(feature = "nats")]
 pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report> {
-    use pgoutbox_nats::{NatsConfig, SubjectRouting};
-
     let o = &args.options;
-    let bench = Bench::fresh(url).await?;
-    let config = o.relay_config();
-    let relays = o.relays.max(1);
-    let store = bench
-        .store((relays * args.workers.max(1)) as u32 + 1)
-        .await?
-        .with_config(o.store_config(Retention::Delete));
+    let d = o.start(url, args.workers.max(1), Retention::Delete).await?;
+    let (config, relays) = (&d.config, d.relays);
 
-    bench.reset().await?;
-    bench.fill(o.events, o.aggregates).await?;
-    bench.settle().await?;
+    d.bench.backlog(o.events, o.aggregates).await?;
     progress("relay draining into the null publisher");
-    let null_time = run_relays(&store, NullPublisher, relays, &config, o.events).await?;
-    let null_rate = o.events as f64 / null_time.as_secs_f64();
+    let null_rate = d.relay_rate(NullPublisher, config).await?;
 
-    let publisher = NatsConfig::new(args.nats_url.as_str())
-        .routing(SubjectRouting::new("outboxbench"))
-        .build()
-        .await?;
     let stream = "OUTBOX_BENCH";
-    let _ = publisher.jetstream().delete_stream(stream).await;
-    publisher
-        .ensure_stream(publisher.stream_config(stream))
-        .await?;
-    bench.reset().await?;
-    bench.fill(o.events, o.aggregates).await?;
-    bench.settle().await?;
+    let publisher = crate::db::fresh_stream(&args.nats_url, "outboxbench", stream).await?;
+    d.bench.backlog(o.events, o.aggregates).await?;
     progress("relay draining into NATS JetStream");
     let broker_config = config.clone().workers(args.workers.max(1));
-    let broker_time =
-        run_relays(&store, publisher.clone(), relays, &broker_config, o.events).await?;
-    let broker_rate = o.events as f64 / broker_time.as_secs_f64();
+    let broker_rate = d.relay_rate(publisher.clone(), &broker_config).await?;
     let _ = publisher.jetstream().delete_stream(stream).await;
 
     let ratio = broker_rate / null_rate;
@@ -188,7 +196,7 @@ pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report>
         line: format!(
             "drain-broker: NATS JetStream {broker_rate:.0} events/s, null publisher \
              {null_rate:.0} events/s, ratio {ratio:.2} [{} workers={}]",
-            o.describe(&config),
+            o.describe(config),
             args.workers
         ),
         json: json!({
@@ -211,30 +219,21 @@ pub(crate) struct HistoryArgs {
 /// Drain rate with `Retention::Keep` on an empty table and with `history` processed rows.
 pub(crate) async fn history(url: &str, args: &HistoryArgs) -> Result<Report> {
     let o = &args.options;
-    let bench = Bench::fresh(url).await?;
-    let config = o.relay_config();
-    let relays = o.relays.max(1);
     // Delete-on-publish keeps no history: keeping rows is what can slow down.
     let keep = Retention::Keep(Duration::from_secs(7 * 24 * 3600));
-    let store = bench
-        .store(relays as u32 + 1)
-        .await?
-        .with_config(o.store_config(keep));
+    let d = o.start(url, 1, keep).await?;
+    let (config, relays, bench) = (&d.config, d.relays, &d.bench);
 
-    bench.reset().await?;
-    bench.fill(o.events, o.aggregates).await?;
-    bench.settle().await?;
+    bench.backlog(o.events, o.aggregates).await?;
     progress("draining with an empty history");
-    let empty_time = run_relays(&store, NullPublisher, relays, &config, o.events).await?;
-    let empty_rate = o.events as f64 / empty_time.as_secs_f64();
+    let empty_rate = d.relay_rate(NullPublisher, config).await?;
 
     bench.reset().await?;
     bench.fill_history(args.history).await?;
     bench.fill(o.events, o.aggregates).await?;
     bench.settle().await?;
     progress(format!("draining with {} processed rows", args.history));
-    let full_time = run_relays(&store, NullPublisher, relays, &config, o.events).await?;
-    let full_rate = o.events as f64 / full_time.as_secs_f64();
+    let full_rate = d.relay_rate(NullPublisher, config).await?;
 
     let ratio = full_rate / empty_rate;
     Ok(Report {
@@ -243,7 +242,7 @@ pub(crate) async fn history(url: &str, args: &HistoryArgs) -> Result<Report> {
              {empty_rate:.0} events/s empty, ratio {ratio:.2} (target >= 0.9: {}) [{}]",
             args.history,
             verdict(ratio >= 0.9),
-            o.describe(&config)
+            o.describe(config)
         ),
         json: json!({
             "scenario": "history", "retention": "keep", "history_rows": args.history,

@@ -6,14 +6,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use pgoutbox_core::{DynPublisher, NewEvent, Relay, RelayConfig};
+use pgoutbox_core::{DynPublisher, Relay, RelayConfig};
 use pgoutbox_postgres::{Outbox, PgStore, RelayGroup, Tables, Wakeup};
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::db::event_of;
+use crate::db::{event_of, fill_outbox, run_while, Keys};
 use crate::latency::{commit_to_publish_millis, quantile, Stamping};
 use crate::{progress, verdict, Report, Result};
 
@@ -67,21 +67,11 @@ async fn fresh_tenants(pool: &PgPool, n: usize) -> Result<Vec<Tables>> {
     Ok(all)
 }
 
-/// Write `n` events over 10,000 aggregates into `tables`, 5,000 per transaction,
+/// Write `n` events over 10,000 aggregates into `tables` (as `Bench::fill` does),
 /// then analyse the table (as a relay would find a backlog left while it was down).
 async fn fill(url: &str, pool: &PgPool, tables: &Tables, n: u64) -> Result<()> {
     let outbox = Outbox::new(tables.clone());
-    let mut conn = PgConnection::connect(url).await?;
-    let mut from = 0;
-    while from < n {
-        let events: Vec<NewEvent> = (from..(from + 5000).min(n))
-            .map(|i| event_of(i, i % 10_000))
-            .collect();
-        let mut tx = conn.begin().await?;
-        outbox.enqueue_many(&mut tx, &events).await?;
-        tx.commit().await?;
-        from += 5000;
-    }
+    fill_outbox(url, &outbox, n, &Keys::Uniform(10_000)).await?;
     sqlx::query(&format!(
         "ANALYZE {}.{}",
         tables.schema().quoted(),
@@ -90,23 +80,6 @@ async fn fill(url: &str, pool: &PgPool, tables: &Tables, n: u64) -> Result<()> {
     .execute(pool)
     .await?;
     Ok(())
-}
-
-/// Wait until `stamping` saw `n` events (at most `limit`); the time it took.
-async fn published(stamping: &Stamping, n: usize, limit: Duration) -> Result<Duration> {
-    let started = Instant::now();
-    while stamping.count() < n {
-        if started.elapsed() > limit {
-            return Err(format!(
-                "{} of {n} events published after {} s",
-                stamping.count(),
-                limit.as_secs()
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(started.elapsed())
 }
 
 /// How the tenants are relayed in one measured phase.
@@ -210,7 +183,7 @@ async fn phase(
         }
         // The last live events.
         let expected = committed.lock().map(|c| c.len()).unwrap_or(0);
-        published(&stamping, expected, Duration::from_secs(30)).await?;
+        stamping.wait_for(expected, Duration::from_secs(30)).await?;
         let _ = stop.send(true);
         Ok(())
     };
@@ -280,17 +253,7 @@ pub(crate) async fn group(url: &str, args: &GroupArgs) -> Result<Report> {
     let alone = Stamping::default();
     let store = PgStore::new(relay_pool()?, all[0].clone());
     let relay = Relay::new(store, alone.clone()).with_config(RelayConfig::default());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (took, ()) = tokio::join!(
-        async {
-            let took = published(&alone, args.backlog as usize, limit).await;
-            let _ = stop.send(());
-            took
-        },
-        relay.run(async {
-            let _ = stopped.await;
-        })
-    );
+    let took = run_while(&relay, alone.wait_for(args.backlog as usize, limit)).await;
     let idle_rate = args.backlog as f64 / took?.as_secs_f64();
     progress(format!("alone on the machine: {idle_rate:.0} events/s"));
 

@@ -5,11 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use pgoutbox_core::{Event, Outcome, Publisher, Relay, RelayConfig};
+use pgoutbox_core::{DynPublisher, Event, NullPublisher, Outcome, Publisher};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::db::{is_drained, produce_at_rate, Bench};
+use crate::db::{is_drained, produce_at_rate, run_while, Bench};
 use crate::{progress, verdict, Mode, Report, Result};
 
 #[derive(Args, Debug)]
@@ -25,16 +25,48 @@ pub(crate) struct LatencyArgs {
     modes: Vec<Mode>,
 }
 
-/// Notes when each event reached `publish` (a null publisher otherwise).
-#[derive(Clone, Default)]
+/// Notes when each event was acknowledged by the publisher it wraps (by default a
+/// null one, which acknowledges every event at once).
+#[derive(Clone)]
 pub(crate) struct Stamping {
+    inner: Arc<dyn DynPublisher>,
     seen: Arc<Mutex<Vec<(Uuid, Instant)>>>,
 }
 
+impl Default for Stamping {
+    fn default() -> Self {
+        Self::over(Arc::new(NullPublisher))
+    }
+}
+
 impl Stamping {
+    /// Stamping the events `inner` publishes.
+    pub(crate) fn over(inner: Arc<dyn DynPublisher>) -> Self {
+        Self {
+            inner,
+            seen: Arc::default(),
+        }
+    }
+
     /// How many events were published.
     pub(crate) fn count(&self) -> usize {
         self.seen.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// Wait until `n` events were published (at most `limit`); the time it took.
+    pub(crate) async fn wait_for(&self, n: usize, limit: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        while self.count() < n {
+            if started.elapsed() > limit {
+                return Err(format!(
+                    "only {} of {n} events published within {limit:?}",
+                    self.count()
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(started.elapsed())
     }
 
     /// When each event was published.
@@ -48,11 +80,17 @@ impl Stamping {
 
 impl Publisher for Stamping {
     async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        let outcomes = self.inner.publish_boxed(events).await;
         let now = Instant::now();
+        let published = events
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| matches!(o, Outcome::Published))
+            .map(|(e, _)| (e.id, now));
         if let Ok(mut seen) = self.seen.lock() {
-            seen.extend(events.iter().map(|e| (e.id, now)));
+            seen.extend(published);
         }
-        vec![Outcome::Published; events.len()]
+        outcomes
     }
 }
 
@@ -66,39 +104,24 @@ struct Percentiles {
 }
 
 async fn measure(bench: &Bench, mode: Mode, rate: u64, duration: Duration) -> Result<Percentiles> {
-    let store = bench.store(3).await?.with_wakeup(mode.wakeup());
     let publisher = Stamping::default();
-    let relay = Relay::new(store.clone(), publisher.clone()).with_config(RelayConfig::default());
-    let committed: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let producer = async {
+    let relay = bench.relay(mode, publisher.clone()).await?;
+    let (committed, offered) = run_while(&relay, async {
         // Let the relay start (and the listener connect) before offering load.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let total = rate * duration.as_secs();
         let started = Instant::now();
-        let stamps = produce_at_rate(bench, rate, total).await?;
-        if let Ok(mut c) = committed.lock() {
-            *c = stamps;
-        }
+        let committed = produce_at_rate(&bench.pool, &bench.outbox, rate, total).await?;
         let offered = total as f64 / started.elapsed().as_secs_f64();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !is_drained(&store).await && Instant::now() < deadline {
+        while !is_drained(relay.store()).await && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let _ = stop_tx.send(());
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(offered)
-    };
-    let (offered, ()) = tokio::join!(
-        producer,
-        relay.run(async {
-            let _ = stop_rx.await;
-        })
-    );
-    let offered = offered?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((committed, offered))
+    })
+    .await?;
 
-    let published = publisher.published();
-    let committed = committed.lock().map(|c| c.clone()).unwrap_or_default();
-    let millis = commit_to_publish_millis(&committed, &published)?;
+    let millis = commit_to_publish_millis(&committed, &publisher.published())?;
     Ok(Percentiles {
         p50: quantile(&millis, 0.50),
         p90: quantile(&millis, 0.90),
@@ -145,12 +168,10 @@ pub(crate) async fn latency(url: &str, args: &LatencyArgs) -> Result<Report> {
     let duration = Duration::from_secs(args.duration_secs.max(1));
     let mut results = Vec::new();
     for &mode in &args.modes {
-        bench.reset().await?;
-        if mode == Mode::Notify {
-            pgoutbox_postgres::install_notify_trigger(&bench.pool, &bench.tables).await?;
-        }
         progress(format!("{} at {} events/s", mode.name(), args.rate));
-        let p = measure(&bench, mode, args.rate, duration).await?;
+        let p = bench
+            .in_mode(mode, measure(&bench, mode, args.rate, duration))
+            .await?;
         progress(format!(
             "{}: p50 {:.2} ms p99 {:.2} ms max {:.2} ms",
             mode.name(),
@@ -158,9 +179,6 @@ pub(crate) async fn latency(url: &str, args: &LatencyArgs) -> Result<Report> {
             p.p99,
             p.max
         ));
-        if mode == Mode::Notify {
-            pgoutbox_postgres::remove_notify_trigger(&bench.pool, &bench.tables).await?;
-        }
         results.push((mode, p));
     }
     let default_p99 = results

@@ -167,11 +167,10 @@ mod nats {
     use std::time::{Duration, Instant};
 
     use futures_util::StreamExt;
-    use pgoutbox_nats::{NatsConfig, SubjectRouting};
     use uuid::Uuid;
 
     use super::{LiveArgs, LiveResult};
-    use crate::db::{produce_at_rate, Bench, SCHEMA};
+    use crate::db::{fresh_stream, produce_at_rate, Bench, SCHEMA};
     use crate::Result;
 
     const PREFIX: &str = "outboxlive";
@@ -274,14 +273,7 @@ mod nats {
         bench.analyze().await?;
         bench.checkpoint().await?;
 
-        let publisher = NatsConfig::new(args.nats_url.as_str())
-            .routing(SubjectRouting::new(PREFIX))
-            .build()
-            .await?;
-        let _ = publisher.jetstream().delete_stream(STREAM).await;
-        publisher
-            .ensure_stream(publisher.stream_config(STREAM))
-            .await?;
+        let publisher = fresh_stream(&args.nats_url, PREFIX, STREAM).await?;
         let mut subscription = publisher
             .client()
             .subscribe(format!("{PREFIX}.>"))
@@ -314,7 +306,8 @@ mod nats {
         let mut relays = start(binary, url, args, n_relays)?;
         wait_ready(&mut relays).await?;
 
-        let committed = produce_at_rate(&bench, args.rate, args.rate * args.duration_secs).await?;
+        let total = args.rate * args.duration_secs;
+        let committed = produce_at_rate(&bench.pool, &bench.outbox, args.rate, total).await?;
         let stopped = Instant::now();
         // Poll the backlog until it is gone (at most 60 s); note it at the 1 s mark.
         let mut backlog_after_1s = None;

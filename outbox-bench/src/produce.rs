@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use pgoutbox_core::{NullPublisher, Relay, RelayConfig};
+use pgoutbox_core::NullPublisher;
 use pgoutbox_postgres::wal::WalOutbox;
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
 
-use crate::db::{event, Bench};
+use crate::db::{event, run_while, Bench};
 use crate::{progress, verdict, Mode, Report, Result};
 
 #[derive(Args, Debug)]
@@ -129,29 +129,15 @@ pub(crate) async fn produce(url: &str, args: &ProduceArgs) -> Result<Report> {
 
     let mut results = Vec::new();
     for &mode in &args.modes {
-        bench.reset().await?;
-        if mode == Mode::Notify {
-            pgoutbox_postgres::install_notify_trigger(&bench.pool, &bench.tables).await?;
-        }
-        let store = bench.store(3).await?.with_wakeup(mode.wakeup());
-        let relay = Relay::new(store, NullPublisher).with_config(RelayConfig::default());
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        progress(format!("business row + event, relay with {}", mode.name()));
-        let (rate, ()) = tokio::join!(
-            async {
-                let rate = write_for(&bench, args.writers, duration, Work::WithEvent).await;
-                let _ = stop_tx.send(());
-                rate
-            },
-            relay.run(async {
-                let _ = stop_rx.await;
+        let rate = bench
+            .in_mode(mode, async {
+                let relay = bench.relay(mode, NullPublisher).await?;
+                progress(format!("business row + event, relay with {}", mode.name()));
+                let writes = write_for(&bench, args.writers, duration, Work::WithEvent);
+                run_while(&relay, writes).await
             })
-        );
-        let rate = rate?;
+            .await?;
         progress(format!("{}: {rate:.0} tx/s", mode.name()));
-        if mode == Mode::Notify {
-            pgoutbox_postgres::remove_notify_trigger(&bench.pool, &bench.tables).await?;
-        }
         results.push((mode, rate));
     }
 

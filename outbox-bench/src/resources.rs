@@ -3,10 +3,10 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use pgoutbox_core::{NullPublisher, Relay, RelayConfig};
+use pgoutbox_core::{NullPublisher, RelayConfig, RelayStats};
 use serde_json::json;
 
-use crate::db::{event, run_relays, Bench};
+use crate::db::{event, run_relays, run_while, Bench};
 use crate::{progress, verdict, Mode, Report, Result};
 
 #[derive(Args, Debug)]
@@ -44,13 +44,12 @@ fn status_kb(field: &str) -> Option<u64> {
 /// Fill a backlog, then drain it in a child process and report its peak RSS.
 pub(crate) async fn rss(url: &str, args: &RssArgs) -> Result<Report> {
     let bench = Bench::fresh(url).await?;
-    bench.reset().await?;
     if args.wal {
+        bench.reset().await?;
         crate::wal::fresh_slot(&bench).await?;
         crate::wal::emit_backlog(&bench, args.events).await?;
     } else {
-        bench.fill(args.events, 10_000).await?;
-        bench.settle().await?;
+        bench.backlog(args.events, 10_000).await?;
     }
     progress("draining in a child relay process");
     let exe = std::env::current_exe()?;
@@ -195,58 +194,54 @@ fn cpu_seconds(name: Option<&str>) -> f64 {
     }
 }
 
+/// With `stats` those of a running relay: after half a second, measure for
+/// `duration` its claims per second, this process's CPU and all PostgreSQL
+/// processes' CPU (percent of one core), while offering `rate` events per second.
+async fn measured(
+    bench: &Bench,
+    stats: &RelayStats,
+    rate: u64,
+    duration: Duration,
+) -> Result<(f64, f64, f64)> {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (claims0, own0, pg0) = (
+        stats.snapshot().claims,
+        cpu_seconds(None),
+        cpu_seconds(Some("postgres")),
+    );
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < duration {
+        if rate == 0 {
+            tokio::time::sleep(duration.saturating_sub(started.elapsed())).await;
+            continue;
+        }
+        let mut tx = bench.pool.begin().await?;
+        bench.outbox.enqueue(&mut tx, &event(i, 10_000)).await?;
+        tx.commit().await?;
+        i += 1;
+        tokio::time::sleep(Duration::from_secs_f64(1.0 / rate as f64)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let claims = (stats.snapshot().claims - claims0) as f64 / seconds;
+    let own = (cpu_seconds(None) - own0) / seconds * 100.0;
+    let pg = (cpu_seconds(Some("postgres")) - pg0) / seconds * 100.0;
+    Ok((claims, own, pg))
+}
+
 /// Claims per second and CPU of a relay with nothing (or a trickle) to publish.
 pub(crate) async fn idle(url: &str, args: &IdleArgs) -> Result<Report> {
     let bench = Bench::fresh(url).await?;
     let duration = Duration::from_secs(args.duration_secs.max(1));
     let mut results = Vec::new();
     for &mode in &args.modes {
-        bench.reset().await?;
-        if mode == Mode::Notify {
-            pgoutbox_postgres::install_notify_trigger(&bench.pool, &bench.tables).await?;
-        }
-        let store = bench.store(3).await?.with_wakeup(mode.wakeup());
-        let relay = Relay::new(store, NullPublisher).with_config(RelayConfig::default());
-        let stats = relay.stats();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let measured = async {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let (claims0, own0, pg0) = (
-                stats.snapshot().claims,
-                cpu_seconds(None),
-                cpu_seconds(Some("postgres")),
-            );
-            let started = Instant::now();
-            let mut i = 0;
-            while started.elapsed() < duration {
-                if args.rate == 0 {
-                    tokio::time::sleep(duration.saturating_sub(started.elapsed())).await;
-                    continue;
-                }
-                let mut tx = bench.pool.begin().await?;
-                bench.outbox.enqueue(&mut tx, &event(i, 10_000)).await?;
-                tx.commit().await?;
-                i += 1;
-                tokio::time::sleep(Duration::from_secs_f64(1.0 / args.rate as f64)).await;
-            }
-            let seconds = started.elapsed().as_secs_f64();
-            let claims = (stats.snapshot().claims - claims0) as f64 / seconds;
-            let own = (cpu_seconds(None) - own0) / seconds * 100.0;
-            let pg = (cpu_seconds(Some("postgres")) - pg0) / seconds * 100.0;
-            let _ = stop_tx.send(());
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((claims, own, pg))
+        let measure = async {
+            let relay = bench.relay(mode, NullPublisher).await?;
+            let stats = relay.stats();
+            progress(format!("{} idle, {} events/s", mode.name(), args.rate));
+            run_while(&relay, measured(&bench, &stats, args.rate, duration)).await
         };
-        progress(format!("{} idle, {} events/s", mode.name(), args.rate));
-        let (result, ()) = tokio::join!(
-            measured,
-            relay.run(async {
-                let _ = stop_rx.await;
-            })
-        );
-        let (claims, own, pg) = result?;
-        if mode == Mode::Notify {
-            pgoutbox_postgres::remove_notify_trigger(&bench.pool, &bench.tables).await?;
-        }
+        let (claims, own, pg) = bench.in_mode(mode, measure).await?;
         results.push((mode, claims, own, pg));
     }
     let parts: Vec<String> = results

@@ -4,22 +4,18 @@
 //! acknowledged: a null one by default, NATS JetStream with `--nats` (PubAck) for
 //! the latency and drain phases.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use pgoutbox_core::{
-    DynPublisher, Event, NullPublisher, Outcome, Publisher, Relay, RelayConfig, Store,
-};
+use pgoutbox_core::{DynPublisher, NullPublisher, Publisher, Relay, RelayConfig, Store};
 use pgoutbox_postgres::wal::{slot, WalOutbox, WalSource, WalStore};
 use pgoutbox_postgres::Ident;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::db::{event, Bench};
-use crate::latency::{commit_to_publish_millis, quantile};
+use crate::db::{event, produce_at_rate, run_while, Bench};
+use crate::latency::{commit_to_publish_millis, quantile, Stamping};
 use crate::produce::{write_for, Work};
 use crate::{progress, verdict, Mode, Report, Result};
 
@@ -50,49 +46,6 @@ pub(crate) struct WalArgs {
 /// The slot of the benchmark's WAL outbox.
 pub(crate) const SLOT: &str = "outbox_bench_wal";
 
-/// Notes when each event was acknowledged by the publisher it wraps.
-#[derive(Clone)]
-struct Stamping {
-    inner: Arc<dyn DynPublisher>,
-    seen: Arc<Mutex<Vec<(Uuid, Instant)>>>,
-    count: Arc<AtomicU64>,
-}
-
-impl Default for Stamping {
-    fn default() -> Self {
-        Self::over(Arc::new(NullPublisher))
-    }
-}
-
-impl Stamping {
-    fn over(inner: Arc<dyn DynPublisher>) -> Self {
-        Self {
-            inner,
-            seen: Arc::default(),
-            count: Arc::default(),
-        }
-    }
-}
-
-impl Publisher for Stamping {
-    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
-        let outcomes = self.inner.publish_boxed(events).await;
-        let now = Instant::now();
-        let published: Vec<Uuid> = events
-            .iter()
-            .zip(&outcomes)
-            .filter(|(_, o)| matches!(o, Outcome::Published))
-            .map(|(e, _)| e.id)
-            .collect();
-        self.count
-            .fetch_add(published.len() as u64, Ordering::Relaxed);
-        if let Ok(mut seen) = self.seen.lock() {
-            seen.extend(published.into_iter().map(|id| (id, now)));
-        }
-        outcomes
-    }
-}
-
 /// The publisher of the latency and drain phases: NATS JetStream or a null one.
 async fn broker(nats: Option<&str>) -> Result<Arc<dyn DynPublisher>> {
     let Some(url) = nats else {
@@ -100,15 +53,7 @@ async fn broker(nats: Option<&str>) -> Result<Arc<dyn DynPublisher>> {
     };
     #[cfg(feature = "nats")]
     {
-        use pgoutbox_nats::{NatsConfig, SubjectRouting};
-        let publisher = NatsConfig::new(url)
-            .routing(SubjectRouting::new("outboxbenchwal"))
-            .build()
-            .await?;
-        let _ = publisher.jetstream().delete_stream(NATS_STREAM).await;
-        publisher
-            .ensure_stream(publisher.stream_config(NATS_STREAM))
-            .await?;
+        let publisher = crate::db::fresh_stream(url, "outboxbenchwal", NATS_STREAM).await?;
         Ok(Arc::new(publisher))
     }
     #[cfg(not(feature = "nats"))]
@@ -157,25 +102,6 @@ pub(crate) async fn fresh_slot(bench: &Bench) -> Result<(Ident, WalSource)> {
     Ok((name, source))
 }
 
-/// Run `relay` while `work` runs, then stop it.
-async fn run_while<S: Store, P: Publisher, T>(
-    relay: &Relay<S, P>,
-    work: impl std::future::Future<Output = T>,
-) -> T {
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (out, ()) = tokio::join!(
-        async {
-            let out = work.await;
-            let _ = stop_tx.send(());
-            out
-        },
-        relay.run(async {
-            let _ = stop_rx.await;
-        })
-    );
-    out
-}
-
 /// A relay over a fresh slot of the benchmark's outbox.
 async fn wal_relay<P: Publisher>(
     bench: &Bench,
@@ -197,10 +123,14 @@ async fn offered_while<S: Store>(
     total: u64,
 ) -> Result<Vec<(Uuid, Instant)>> {
     let publisher = relay.publisher();
+    // One event per transaction, into the table or into the WAL.
+    let outbox = bench.outbox.clone().with_wal(matches!(under, Under::Wal));
     run_while(relay, async {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let committed = offer(bench, under, rate, total).await?;
-        published(publisher, total, Duration::from_secs(30)).await?;
+        let committed = produce_at_rate(&bench.pool, &outbox, rate, total).await?;
+        publisher
+            .wait_for(total as usize, Duration::from_secs(30))
+            .await?;
         Ok(committed)
     })
     .await
@@ -209,80 +139,21 @@ async fn offered_while<S: Store>(
 /// How long `relay` takes to publish `n` events.
 async fn drained_by<S: Store>(relay: &Relay<S, Stamping>, n: u64) -> Result<Duration> {
     let started = Instant::now();
-    run_while(
-        relay,
-        published(relay.publisher(), n, Duration::from_secs(600)),
-    )
-    .await?;
+    let published = relay
+        .publisher()
+        .wait_for(n as usize, Duration::from_secs(600));
+    run_while(relay, published).await?;
     Ok(started.elapsed())
-}
-
-/// One event per transaction at `rate` for `total` events; commit times.
-async fn offer(
-    bench: &Bench,
-    under: &Under,
-    rate: u64,
-    total: u64,
-) -> Result<Vec<(Uuid, Instant)>> {
-    let committed: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
-    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let outbox = bench.outbox.clone().with_wal(matches!(under, Under::Wal));
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..total {
-        ticks.tick().await;
-        let (pool, outbox) = (bench.pool.clone(), outbox.clone());
-        let committed = Arc::clone(&committed);
-        tasks.spawn(async move {
-            let mut tx = pool.begin().await?;
-            let e = event(i, 10_000);
-            outbox.enqueue(&mut tx, &e).await?;
-            tx.commit().await?;
-            let now = Instant::now();
-            if let Ok(mut c) = committed.lock() {
-                c.push((e.id, now));
-            }
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        });
-        while let Some(done) = tasks.try_join_next() {
-            done??;
-        }
-    }
-    while let Some(done) = tasks.join_next().await {
-        done??;
-    }
-    Ok(committed.lock().map(|c| c.clone()).unwrap_or_default())
 }
 
 /// p50, p99, max of commit-to-publish milliseconds.
 fn percentiles(committed: &[(Uuid, Instant)], published: &Stamping) -> Result<(f64, f64, f64)> {
-    let seen: HashMap<Uuid, Instant> = published
-        .seen
-        .lock()
-        .map(|s| s.iter().copied().collect())
-        .unwrap_or_default();
-    let millis = commit_to_publish_millis(committed, &seen)?;
+    let millis = commit_to_publish_millis(committed, &published.published())?;
     Ok((
         quantile(&millis, 0.5),
         quantile(&millis, 0.99),
         millis.last().copied().unwrap_or(0.0),
     ))
-}
-
-/// Wait until `publisher` saw `n` events (at most `limit`).
-async fn published(publisher: &Stamping, n: u64, limit: Duration) -> Result<()> {
-    let deadline = Instant::now() + limit;
-    while publisher.count.load(Ordering::Relaxed) < n {
-        if Instant::now() > deadline {
-            return Err(format!(
-                "only {} of {n} events published within {limit:?}",
-                publisher.count.load(Ordering::Relaxed)
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(())
 }
 
 /// Write `n` events to the WAL (10,000 aggregates) in transactions of 5,000,
@@ -319,8 +190,7 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
         write_for(&bench, args.writers, duration, Work::WithWalEventAtCommit).await?;
     bench.reset().await?;
     progress("table mode, relay running");
-    let store = bench.store(3).await?.with_wakeup(Mode::Adaptive.wakeup());
-    let relay = Relay::new(store, Stamping::default()).with_config(RelayConfig::default());
+    let relay = bench.relay(Mode::Adaptive, Stamping::default()).await?;
     let table_rate = run_while(
         &relay,
         write_for(&bench, args.writers, duration, Work::WithEvent),
@@ -364,9 +234,7 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
         let publisher = Stamping::over(Arc::clone(&sink));
         let committed = match under {
             Under::Table => {
-                let store = bench.store(3).await?.with_wakeup(Mode::Adaptive.wakeup());
-                let relay =
-                    Relay::new(store, publisher.clone()).with_config(RelayConfig::default());
+                let relay = bench.relay(Mode::Adaptive, publisher.clone()).await?;
                 offered_while(&relay, &bench, &under, args.rate, total).await?
             }
             Under::Wal => {

@@ -296,6 +296,17 @@ impl RecordingPublisher {
         }
     }
 
+    /// A publisher that fails the first publish of the event `id` with a retryable
+    /// error `message`, and accepts everything else (that event's later publishes
+    /// included).
+    pub fn failing_once(id: Uuid, message: &'static str) -> Self {
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        Self::failing_when(move |e| {
+            (e.id == id && !failed.swap(true, Ordering::SeqCst))
+                .then(|| PublishError::retryable(message))
+        })
+    }
+
     /// Events published so far, in publish order.
     pub fn published(&self) -> Vec<Event> {
         self.published
@@ -423,4 +434,29 @@ pub async fn hold_outage(
         return Err(format!("the outage ended by itself: {:?}", health.status()));
     }
     Ok(())
+}
+
+/// The socket address of a broker URL such as `nats://127.0.0.1:4222` or
+/// `http://localhost:5000/`: its host and port (after the scheme and any user, before
+/// any path), resolved (the first address), e.g. to put a proxy in front of the
+/// broker. Panics when it does not resolve.
+pub fn resolve_url(url: &str) -> std::net::SocketAddr {
+    let after_scheme = url.rsplit("://").next().unwrap_or(url);
+    let authority = after_scheme.split('/').next().unwrap_or(after_scheme);
+    let host_port = authority.rsplit('@').next().unwrap_or(authority);
+    std::net::ToSocketAddrs::to_socket_addrs(host_port)
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("cannot resolve the address of {url}"))
+}
+
+/// The event most tests write: `order.created` on the `order` aggregate
+/// `aggregate`, with the payload `{"n": n}`.
+pub fn event(aggregate: &str, n: usize) -> NewEvent {
+    NewEvent::new(
+        "order",
+        aggregate,
+        "order.created",
+        &serde_json::json!({ "n": n }),
+    )
 }

@@ -6,17 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgoutbox_core::testing::{MemoryStore, RecordingPublisher};
+use pgoutbox_core::testing::{event, MemoryStore, RecordingPublisher};
 use pgoutbox_core::{NewEvent, PublishError, Relay, RelayConfig, RetryPolicy};
-
-fn event(aggregate: &str, n: u32) -> NewEvent {
-    NewEvent::new(
-        "order",
-        aggregate,
-        "order.created",
-        &serde_json::json!({ "n": n }),
-    )
-}
 
 fn config(batch_size: usize) -> RelayConfig {
     RelayConfig::default()
@@ -100,12 +91,7 @@ async fn failed_event_is_retried_and_does_not_hold_back_others() {
     let healthy: Vec<_> = (1..5)
         .map(|n| store.enqueue(event(&format!("b{n}"), n)).unwrap())
         .collect();
-    let failures = Arc::new(AtomicU32::new(0));
-    let counter = Arc::clone(&failures);
-    let publisher = RecordingPublisher::failing_when(move |e| {
-        (e.id == flaky && counter.fetch_add(1, Ordering::SeqCst) == 0)
-            .then(|| PublishError::retryable("broker busy"))
-    });
+    let publisher = RecordingPublisher::failing_once(flaky, "broker busy");
     let relay = Relay::new(store.clone(), publisher).with_config(config(10));
 
     let first = relay.run_once().await.unwrap();
@@ -239,12 +225,7 @@ async fn a_run_is_published_in_order_and_held_back_after_a_failure() {
         .map(|n| store.enqueue(event("b", n)).unwrap())
         .collect();
     let third = run[2];
-    let failures = Arc::new(AtomicU32::new(0));
-    let counter = Arc::clone(&failures);
-    let publisher = RecordingPublisher::failing_when(move |e| {
-        (e.id == third && counter.fetch_add(1, Ordering::SeqCst) == 0)
-            .then(|| PublishError::retryable("broker busy"))
-    });
+    let publisher = RecordingPublisher::failing_once(third, "broker busy");
     let relay = Relay::new(store.clone(), publisher).with_config(config(100));
 
     let first = relay.run_once().await.unwrap();
@@ -451,7 +432,7 @@ async fn boxed_publisher_drives_the_relay() {
     for n in 0..20 {
         let event = event(&format!("a{}", n % 3), n);
         ids.push(event.id);
-        runs[n as usize % 3].push(event.id);
+        runs[n % 3].push(event.id);
         store.enqueue(event).unwrap();
     }
     let refused = NewEvent::new("order", "b", "order.refused", &serde_json::json!({}));

@@ -5,7 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{closed_port, consumer, create_topic, read, tansu_bootstrap, unique, MockKafka};
+use common::{consumer, create_topic, read, tansu_bootstrap, unique, MockKafka};
+use pgoutbox_core::conformance::proxy::closed_port;
 use pgoutbox_core::conformance::{
     self, BoxError, ConformanceTarget, OutageTarget, ReceivedMessage,
 };
@@ -30,9 +31,7 @@ struct Kafka {
 
 impl Kafka {
     fn mock() -> Self {
-        let mock = MockKafka::start(1);
-        let topic = unique("conformance");
-        mock.create_topic(&topic, PARTITIONS);
+        let (mock, topic) = MockKafka::with_topic(1, "conformance", PARTITIONS);
         Self {
             consumer: consumer(mock.bootstrap(), &topic, PARTITIONS),
             topic,

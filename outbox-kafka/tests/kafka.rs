@@ -26,9 +26,7 @@ fn ids_of(messages: &[pgoutbox_kafka::rdkafka::message::OwnedMessage]) -> Vec<Uu
 
 #[tokio::test(flavor = "multi_thread")]
 async fn events_of_one_aggregate_share_a_partition_in_order() {
-    let mock = MockKafka::start(3);
-    let topic = unique("order");
-    mock.create_topic(&topic, 6);
+    let (mock, topic) = MockKafka::with_topic(3, "order", 6);
     let publisher = KafkaConfig::new(mock.bootstrap())
         .topic(&topic)
         .build()
@@ -78,9 +76,7 @@ async fn events_of_one_aggregate_share_a_partition_in_order() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn headers_carry_the_envelope() {
-    let mock = MockKafka::start(1);
-    let topic = unique("envelope");
-    mock.create_topic(&topic, 1);
+    let (mock, topic) = MockKafka::with_topic(1, "envelope", 1);
     let publisher = KafkaConfig::new(mock.bootstrap())
         .route_aggregate_type("invoice", &topic)
         .build()
@@ -129,9 +125,7 @@ async fn headers_carry_the_envelope() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_and_invalid_topics_fail_permanently() {
-    let mock = MockKafka::start(1);
-    let known = unique("known");
-    mock.create_topic(&known, 1);
+    let (mock, known) = MockKafka::with_topic(1, "known", 1);
     let publisher = KafkaConfig::new(mock.bootstrap())
         .topic(&known)
         // A cluster that does not create topics on first use; give up on a missing one fast.
@@ -197,9 +191,7 @@ async fn enqueue_orders(db: &TestOutbox, aggregates: usize, per_aggregate: usize
 
 #[tokio::test(flavor = "multi_thread")]
 async fn end_to_end_through_postgres() {
-    let mock = MockKafka::start(1);
-    let topic = unique("orders");
-    mock.create_topic(&topic, 4);
+    let (mock, topic) = MockKafka::with_topic(1, "orders", 4);
     let reader = consumer(mock.bootstrap(), &topic, 4);
     end_to_end(mock.bootstrap(), &topic, &reader).await;
 }

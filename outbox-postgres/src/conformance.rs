@@ -63,8 +63,7 @@ macro_rules! relay_conformance_tests {
 /// the rolled-back event never arrives; the outbox is empty afterwards.
 pub async fn relay_end_to_end<T: ConformanceTarget>(target: &T) {
     let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
-    let publisher = target.publisher().await.expect("publisher");
-    let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
+    let relay = table_relay(target, &db).await;
     end_to_end(target, &db, &Writer::Table, &relay).await;
 }
 
@@ -110,6 +109,16 @@ impl Writer {
             tx.rollback().await.expect("rollback");
         }
     }
+}
+
+/// A relay from `db`'s outbox table to `target`'s publisher, configured for a real
+/// broker.
+async fn table_relay<T: ConformanceTarget>(
+    target: &T,
+    db: &TestOutbox,
+) -> Relay<crate::PgStore, T::Publisher> {
+    let publisher = target.publisher().await.expect("publisher");
+    Relay::new(db.store(), publisher).with_config(broker_relay_config())
 }
 
 /// The relay of a WAL mode check: `WalStore` over `slot`, with the target's publisher.
@@ -205,8 +214,7 @@ async fn end_to_end<T: ConformanceTarget, S: Store>(
 /// before and after it in the table, are published.
 pub async fn relay_refused_event_is_a_dead_letter_alone<T: ConformanceTarget>(target: &T) {
     let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
-    let publisher = target.publisher().await.expect("publisher");
-    let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
+    let relay = table_relay(target, &db).await;
     refused_event_is_a_dead_letter_alone(target, &db, &Writer::Table, &relay).await;
 }
 

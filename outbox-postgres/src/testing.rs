@@ -17,6 +17,14 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// A pool of up to `max_connections` on the test database ([`database_url`]).
+pub async fn pool(max_connections: u32) -> Result<PgPool> {
+    Ok(sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect(&database_url())
+        .await?)
+}
+
 /// A relay configuration for tests against a real broker: batches of 50, a 20 ms
 /// poll, a 30 s publish timeout, and retries 50-300 ms apart up to 1,000 attempts,
 /// so that a test never dead-letters an event by exhausting its attempts.
@@ -48,11 +56,7 @@ pub struct TestOutbox {
 impl TestOutbox {
     /// Create and migrate a fresh outbox schema.
     pub async fn new() -> Result<Self> {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(16)
-            .connect(&database_url())
-            .await?;
-        Self::with_pool(pool).await
+        Self::with_pool(pool(16).await?).await
     }
 
     /// Create and migrate a fresh outbox schema through `pool`, which may reach the
@@ -84,6 +88,18 @@ impl TestOutbox {
         for event in events {
             ids.push(self.outbox.enqueue(&mut tx, event).await?);
         }
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    /// Enqueue `events` with one [`Outbox::enqueue_many`] in one committed
+    /// transaction; returns their ids.
+    pub async fn enqueue_many_committed(
+        &self,
+        events: &[pgoutbox_core::NewEvent],
+    ) -> Result<Vec<uuid::Uuid>> {
+        let mut tx = self.pool.begin().await?;
+        let ids = self.outbox.enqueue_many(&mut tx, events).await?;
         tx.commit().await?;
         Ok(ids)
     }

@@ -20,9 +20,7 @@ use uuid::Uuid;
 
 /// Enqueue `events`, then dead-letter those of type `poison` with a permanent error.
 async fn with_dead_letters(db: &TestOutbox, events: &[NewEvent]) -> Vec<Uuid> {
-    let mut tx = db.pool.begin().await.unwrap();
-    let ids = db.outbox.enqueue_many(&mut tx, events).await.unwrap();
-    tx.commit().await.unwrap();
+    let ids = db.enqueue_many_committed(events).await.unwrap();
     let publisher = RecordingPublisher::failing_when(|e| {
         (e.event_type == "poison").then(|| PublishError::permanent("rejected by broker"))
     });
@@ -202,22 +200,16 @@ async fn cleanup_removes_only_old_published_rows_and_old_inbox_records() {
     let store = db
         .store()
         .with_config(StoreConfig::default().retention(Retention::Keep(Duration::from_secs(0))));
-    let mut tx = db.pool.begin().await.unwrap();
     let ids = db
-        .outbox
-        .enqueue_many(
-            &mut tx,
-            &[
-                event("1", 0),
-                event("2", 0),
-                event("3", 0),
-                NewEvent::new("order", "4", "poison", &serde_json::json!({})),
-                event("5", 0).not_before(chrono::Utc::now() + chrono::Duration::hours(1)),
-            ],
-        )
+        .enqueue_many_committed(&[
+            event("1", 0),
+            event("2", 0),
+            event("3", 0),
+            NewEvent::new("order", "4", "poison", &serde_json::json!({})),
+            event("5", 0).not_before(chrono::Utc::now() + chrono::Duration::hours(1)),
+        ])
         .await
         .unwrap();
-    tx.commit().await.unwrap();
     let publisher = RecordingPublisher::failing_when(|e| {
         (e.event_type == "poison").then(|| PublishError::permanent("no route"))
     });
@@ -253,14 +245,11 @@ async fn cleanup_removes_only_old_published_rows_and_old_inbox_records() {
             .unwrap(),
         3
     );
-    let left: Vec<Uuid> = sqlx::query_scalar(&format!(
-        "SELECT id FROM {}.outbox_events ORDER BY seq",
-        db.tables.schema().quoted()
-    ))
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(left, ids[3..].to_vec(), "dead and pending rows stay");
+    assert_eq!(
+        common::row_ids(&db).await,
+        ids[3..].to_vec(),
+        "dead and pending rows stay"
+    );
     assert_eq!(store.pending().await.unwrap(), 1);
 
     let inbox = Inbox::new(&db.outbox, "c").unwrap();
@@ -293,27 +282,21 @@ async fn periodic_cleanup_deletes_published_rows_until_stopped() {
     let store = db
         .store()
         .with_config(StoreConfig::default().retention(Retention::Keep(Duration::ZERO)));
-    let mut tx = db.pool.begin().await.unwrap();
-    db.outbox
-        .enqueue_many(&mut tx, &[event("1", 0), event("2", 0)])
+    db.enqueue_many_committed(&[event("1", 0), event("2", 0)])
         .await
         .unwrap();
-    tx.commit().await.unwrap();
     let relay = Relay::new(store, RecordingPublisher::new()).with_config(fast_config());
     assert_eq!(relay.run_once().await.unwrap().published, 2);
     assert_eq!(common::remaining(&db).await, 2, "kept after publishing");
 
     let cleanup = Cleanup::new(db.pool.clone(), &db.outbox);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
+    let (stop, task) = common::spawn_until_stopped(|stopped| async move {
         cleanup
             .run(
                 Duration::from_millis(20),
                 Duration::ZERO,
                 Some(Duration::ZERO),
-                async {
-                    let _ = stopped.await;
-                },
+                stopped,
             )
             .await;
     });

@@ -13,10 +13,10 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 mod common;
 
-use common::fill;
+use common::{fill, spawn_until_stopped};
 use pgoutbox_core::testing::{check_first_arrivals, RecordingPublisher};
 use pgoutbox_core::{telemetry, DynPublisher, NewEvent, RelayConfig};
-use pgoutbox_postgres::testing::{database_url, TestOutbox};
+use pgoutbox_postgres::testing::{self, database_url, TestOutbox};
 use pgoutbox_postgres::RelayGroup;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::oneshot;
@@ -30,15 +30,7 @@ const BUDGET: u32 = 4;
 
 /// Run `group` on a task of its own until the sender is used.
 fn start(group: RelayGroup) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let (stop, stopped) = oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        group
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    (stop, running)
+    spawn_until_stopped(|stopped| async move { group.run(stopped).await })
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -57,11 +49,7 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
         .connect_with(options)
         .await
         .unwrap();
-    let observer = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&database_url())
-        .await
-        .unwrap();
+    let observer = testing::pool(1).await.unwrap();
 
     // 50 schemas, each with 3 aggregates x 4 events committed before the group starts.
     let mut tenants = Vec::new();
@@ -232,21 +220,13 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
 /// own probe on their own pool, and both drain.
 #[tokio::test(flavor = "multi_thread")]
 async fn outboxes_in_two_databases_drain_in_one_group() {
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&database_url())
-        .await
-        .unwrap();
+    let admin = testing::pool(1).await.unwrap();
     let other = format!("group_test_{}", Uuid::new_v4().simple());
     sqlx::query(&format!("CREATE DATABASE {other}"))
         .execute(&admin)
         .await
         .unwrap();
-    let here = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&database_url())
-        .await
-        .unwrap();
+    let here = testing::pool(2).await.unwrap();
     let there = PgPoolOptions::new()
         .max_connections(2)
         .connect_with(
@@ -301,11 +281,7 @@ async fn outboxes_in_two_databases_drain_in_one_group() {
 async fn discovered_tenants_come_and_go_while_relayed() {
     use pgoutbox_postgres::{migrate, Outbox, Tables, TenantDiscovery};
 
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&database_url())
-        .await
-        .unwrap();
+    let pool = testing::pool(4).await.unwrap();
     let prefix = format!("disc_{}", Uuid::new_v4().simple());
     let tenant = |n: u32| Tables::in_schema(&format!("{prefix}_t{n}")).unwrap();
     let create = |tables: Tables| {
@@ -347,16 +323,9 @@ async fn discovered_tenants_come_and_go_while_relayed() {
         )
         .interval(Duration::from_millis(200)),
     );
-    let (stop, stopped) = oneshot::channel::<()>();
-    let running = tokio::spawn({
+    let (stop, running) = spawn_until_stopped({
         let discovery = Arc::clone(&discovery);
-        async move {
-            discovery
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        }
+        |stopped| async move { discovery.run(stopped).await }
     });
     shown(first).await;
 

@@ -11,8 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use common::{drained, event, fast_config, fill, remaining, run_all};
-use futures_util::FutureExt;
+use common::{drained, event, fast_config, fill, remaining, run_all_until_drained};
 use pgoutbox_core::testing::RecordingPublisher;
 use pgoutbox_core::{Event, NewEvent, Outcome, PublishError, Publisher, Relay, RetryPolicy, Store};
 use pgoutbox_postgres::testing::TestOutbox;
@@ -33,9 +32,7 @@ async fn row_state(db: &TestOutbox, id: Uuid) -> (i32, Option<String>, bool, Dat
 #[tokio::test]
 async fn failing_event_waits_for_its_retry_time_then_dead_letters_with_its_last_error() {
     let db = TestOutbox::new().await.unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    let id = db.outbox.enqueue(&mut tx, &event("a", 0)).await.unwrap();
-    tx.commit().await.unwrap();
+    let id = db.enqueue_committed(&[event("a", 0)]).await.unwrap()[0];
 
     let attempt = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&attempt);
@@ -84,9 +81,7 @@ async fn failing_event_waits_for_its_retry_time_then_dead_letters_with_its_last_
 #[tokio::test]
 async fn permanent_error_dead_letters_on_the_first_attempt() {
     let db = TestOutbox::new().await.unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    let id = db.outbox.enqueue(&mut tx, &event("a", 0)).await.unwrap();
-    tx.commit().await.unwrap();
+    let id = db.enqueue_committed(&[event("a", 0)]).await.unwrap()[0];
     let publisher =
         RecordingPublisher::failing_when(|_| Some(PublishError::permanent("payload too large")));
     let relay = Relay::new(db.store(), publisher).with_config(fast_config());
@@ -126,13 +121,7 @@ async fn poison_events_end_dead_and_all_healthy_events_are_published() {
     let relays: Vec<_> = (0..2)
         .map(|_| Relay::new(store(), Arc::clone(&publisher)).with_config(config.clone()))
         .collect();
-    run_all(
-        &relays,
-        drained(db.store(), Duration::from_secs(60))
-            .boxed()
-            .shared(),
-    )
-    .await;
+    run_all_until_drained(&relays, &db, Duration::from_secs(60)).await;
 
     let published: HashSet<Uuid> = publisher.published_ids().into_iter().collect();
     let healthy: HashSet<Uuid> = ids
@@ -189,13 +178,7 @@ async fn four_relays_keep_order(aggregates: usize, per_aggregate: usize) {
                 .with_config(fast_config().batch_size(200))
         })
         .collect();
-    run_all(
-        &relays,
-        drained(db.store(), Duration::from_secs(240))
-            .boxed()
-            .shared(),
-    )
-    .await;
+    run_all_until_drained(&relays, &db, Duration::from_secs(240)).await;
     assert_eq!(remaining(&db).await, 0, "not drained in time");
 
     // The sequence of first successful publishes per aggregate is the insertion order.
@@ -281,13 +264,10 @@ async fn dead_letter_releases_or_blocks_its_followers_as_configured() {
     use pgoutbox_postgres::{AfterDeadLetter, StoreConfig};
     for policy in [AfterDeadLetter::Release, AfterDeadLetter::Block] {
         let db = TestOutbox::new().await.unwrap();
-        let mut tx = db.pool.begin().await.unwrap();
         let ids = db
-            .outbox
-            .enqueue_many(&mut tx, &[event("x", 0), event("x", 1)])
+            .enqueue_many_committed(&[event("x", 0), event("x", 1)])
             .await
             .unwrap();
-        tx.commit().await.unwrap();
         let head = ids[0];
         let store = db
             .store()
@@ -381,12 +361,7 @@ async fn relays_killed_between_publish_and_record_lose_nothing() {
             }
         }
     };
-    let run = run_all(
-        &relays,
-        drained(db.store(), Duration::from_secs(120))
-            .boxed()
-            .shared(),
-    );
+    let run = run_all_until_drained(&relays, &db, Duration::from_secs(120));
     tokio::join!(killer, run);
 
     let log = publisher.log.lock().unwrap().clone();
@@ -423,6 +398,22 @@ struct TimedPublisher {
     log: Mutex<Vec<(Uuid, DateTime<Utc>)>>,
 }
 
+impl TimedPublisher {
+    /// Relay `db`'s events to a new one until nothing is pending (at most 10 s);
+    /// returns its log: each event's id and when it was published, in order.
+    async fn drain(db: &TestOutbox) -> Vec<(Uuid, DateTime<Utc>)> {
+        let publisher = Arc::new(Self {
+            log: Mutex::default(),
+        });
+        let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(fast_config());
+        relay
+            .run(drained(db.store(), Duration::from_secs(10)))
+            .await;
+        let log = publisher.log.lock().unwrap().clone();
+        log
+    }
+}
+
 impl Publisher for TimedPublisher {
     async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
         let now = Utc::now();
@@ -447,14 +438,7 @@ async fn delayed_event_is_not_published_before_its_time() {
     let now = db.outbox.enqueue(&mut tx, &event("b", 0)).await.unwrap();
     tx.commit().await.unwrap();
 
-    let publisher = Arc::new(TimedPublisher {
-        log: Mutex::default(),
-    });
-    let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(fast_config());
-    relay
-        .run(drained(db.store(), Duration::from_secs(10)))
-        .await;
-    let log = publisher.log.lock().unwrap().clone();
+    let log = TimedPublisher::drain(&db).await;
     assert_eq!(log.len(), 2);
     assert_eq!(log[0].0, now);
     assert_eq!(log[1].0, delayed);
@@ -487,17 +471,8 @@ async fn enqueue_with_a_delay_and_ordering_keeps_followers_behind() {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let publisher = Arc::new(TimedPublisher {
-        log: Mutex::default(),
-    });
-    let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(fast_config());
-    relay
-        .run(drained(db.store(), Duration::from_secs(10)))
-        .await;
-    let order: Vec<Uuid> = publisher
-        .log
-        .lock()
-        .unwrap()
+    let order: Vec<Uuid> = TimedPublisher::drain(&db)
+        .await
         .iter()
         .map(|(id, _)| *id)
         .collect();
@@ -511,17 +486,15 @@ async fn enqueue_with_a_delay_and_ordering_keeps_followers_behind() {
 /// event of the aggregate still goes out after the other four.
 #[tokio::test]
 async fn a_lifted_hold_keeps_its_aggregate_in_order_behind_later_traffic() {
-    use std::sync::atomic::AtomicBool;
     let db = TestOutbox::new().await.unwrap();
     let x: Vec<NewEvent> = (0..20).map(|n| event("x", n)).collect();
     let mut x_ids = db.enqueue_committed(&x).await.unwrap();
     db.enqueue_committed(&[event("y", 0)]).await.unwrap();
     let head = x_ids[0];
-    let failed = Arc::new(AtomicBool::new(false));
-    let publisher = Arc::new(RecordingPublisher::failing_when(move |e| {
-        (e.id == head && !failed.swap(true, Ordering::SeqCst))
-            .then(|| PublishError::retryable("first attempt fails"))
-    }));
+    let publisher = Arc::new(RecordingPublisher::failing_once(
+        head,
+        "first attempt fails",
+    ));
     let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(
         fast_config().retry(
             RetryPolicy::default()

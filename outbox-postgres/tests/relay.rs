@@ -9,10 +9,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{drained, event, fast_config, fill, remaining, run_all};
-use futures_util::FutureExt;
+use common::{drained, event, fast_config, fill, remaining, row_ids, run_all_until_drained};
 use pgoutbox_core::testing::RecordingPublisher;
-use pgoutbox_core::{Event, NewEvent, Outcome, PublishError, Publisher, Relay, Store};
+use pgoutbox_core::{Event, NewEvent, Outcome, Publisher, Relay, Store};
 use pgoutbox_postgres::testing::TestOutbox;
 use pgoutbox_postgres::{Error, PgStore, StoreConfig, Tables};
 use uuid::Uuid;
@@ -52,13 +51,7 @@ async fn four_relays_publish_twenty_thousand_events_exactly_once() {
     let relays: Vec<_> = (0..4)
         .map(|_| Relay::new(db.store(), Arc::clone(&publisher)).with_config(fast_config()))
         .collect();
-    run_all(
-        &relays,
-        drained(db.store(), Duration::from_secs(120))
-            .boxed()
-            .shared(),
-    )
-    .await;
+    run_all_until_drained(&relays, &db, Duration::from_secs(120)).await;
 
     let published = publisher.published_ids();
     let unique: HashSet<Uuid> = published.iter().copied().collect();
@@ -99,25 +92,14 @@ async fn backlog_is_drained_without_waiting_for_poll_ticks() {
 #[tokio::test]
 async fn failed_publish_counts_an_attempt_and_succeeds_later_without_holding_back_others() {
     let db = TestOutbox::new().await.unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    let flaky = db.outbox.enqueue(&mut tx, &event("x", 0)).await.unwrap();
-    let mut healthy = Vec::new();
-    for n in 0..5 {
-        healthy.push(
-            db.outbox
-                .enqueue(&mut tx, &event(&format!("h{n}"), n))
-                .await
-                .unwrap(),
-        );
-    }
-    tx.commit().await.unwrap();
+    // One transaction: the flaky event first, then five healthy ones.
+    let events: Vec<NewEvent> = std::iter::once(event("x", 0))
+        .chain((0..5).map(|n| event(&format!("h{n}"), n)))
+        .collect();
+    let mut healthy = db.enqueue_committed(&events).await.unwrap();
+    let flaky = healthy.remove(0);
 
-    let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = Arc::clone(&failed_once);
-    let publisher = Arc::new(RecordingPublisher::failing_when(move |e| {
-        (e.id == flaky && !flag.swap(true, std::sync::atomic::Ordering::SeqCst))
-            .then(|| PublishError::retryable("connection reset"))
-    }));
+    let publisher = Arc::new(RecordingPublisher::failing_once(flaky, "connection reset"));
     let relay = Relay::new(db.store(), Arc::clone(&publisher)).with_config(fast_config());
     let first = relay.run_once().await.unwrap();
     assert_eq!((first.claimed, first.published, first.retried), (6, 5, 1));
@@ -177,15 +159,7 @@ async fn shutdown_returns_promptly_and_loses_nothing() {
 
     let published: HashSet<Uuid> = publisher.inner.published_ids().into_iter().collect();
     assert!(!published.is_empty() && published.len() < ids.len());
-    let still_there: HashSet<Uuid> = sqlx::query_scalar(&format!(
-        "SELECT id FROM {}.outbox_events",
-        db.tables.schema().quoted()
-    ))
-    .fetch_all(&db.pool)
-    .await
-    .unwrap()
-    .into_iter()
-    .collect();
+    let still_there: HashSet<Uuid> = row_ids(&db).await.into_iter().collect();
     // Every event is either published (and its row gone) or still claimable.
     for id in &ids {
         assert!(
@@ -245,14 +219,7 @@ async fn invalid_payload_is_refused_at_enqueue_and_nothing_is_written() {
     assert!(matches!(error, Error::InvalidEvent(_)));
     tx.commit().await.unwrap();
 
-    let ids: Vec<Uuid> = sqlx::query_scalar(&format!(
-        "SELECT id FROM {}.outbox_events",
-        db.tables.schema().quoted()
-    ))
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(ids, vec![good]);
+    assert_eq!(row_ids(&db).await, vec![good]);
     db.drop_schema().await.unwrap();
 }
 

@@ -59,6 +59,20 @@ fn ids(events: &[pgoutbox_core::Event]) -> Vec<Uuid> {
     events.iter().map(|e| e.id).collect()
 }
 
+/// Commit a marker event to the WAL in a transaction of its own and check that it
+/// is the next transaction `stream` reads: nothing else reached the WAL since the
+/// stream's last read.
+async fn assert_next_read_is_a_new_marker(outbox: &TestOutbox, stream: &mut WalStream) {
+    let marker = event("z", 1);
+    let tx = outbox.pool.begin().await.unwrap();
+    WalOutbox::new(&outbox.tables)
+        .commit(tx, std::slice::from_ref(&marker))
+        .await
+        .unwrap();
+    let (read, _) = next_transaction(stream).await;
+    assert_eq!(ids(&read), [marker.id], "another transaction came first");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn only_committed_events_are_read_in_commit_order() {
     let outbox = TestOutbox::new().await.unwrap();
@@ -277,12 +291,8 @@ async fn commit_writes_the_events_with_the_transaction_or_nothing() {
     );
     outer.rollback().await.unwrap();
 
-    // Nothing of the refused calls reached the WAL: the next transaction read is this one.
-    let marker = event("z", 1);
-    let tx = conn.begin().await.unwrap();
-    wal.commit(tx, std::slice::from_ref(&marker)).await.unwrap();
-    let (read, _) = next_transaction(&mut stream).await;
-    assert_eq!(ids(&read), [marker.id]);
+    // Nothing of the refused calls reached the WAL.
+    assert_next_read_is_a_new_marker(&outbox, &mut stream).await;
 
     conn.close().await.unwrap();
     stream.close().await.unwrap();
@@ -319,16 +329,8 @@ async fn with_wal_switches_the_same_outbox_calls_to_the_wal() {
             assert_eq!(rows, 4, "table mode did not write its rows");
         }
     }
-    // Table mode wrote nothing to the WAL: the next transaction read is this one.
-    let marker = event("z", 1);
-    let tx = outbox.pool.begin().await.unwrap();
-    let writer = Outbox::new(outbox.tables.clone()).with_wal(true);
-    writer
-        .commit(tx, std::slice::from_ref(&marker))
-        .await
-        .unwrap();
-    let (read, _) = next_transaction(&mut stream).await;
-    assert_eq!(ids(&read), [marker.id]);
+    // Table mode wrote nothing to the WAL.
+    assert_next_read_is_a_new_marker(&outbox, &mut stream).await;
 
     stream.close().await.unwrap();
     outbox.drop_schema().await.unwrap();
@@ -532,16 +534,9 @@ async fn an_idle_relay_lets_the_slot_follow_the_server_for_60_s() {
     let heartbeat = source.heartbeat;
     let store = WalStore::new(outbox.pool.clone(), outbox.tables.clone(), source);
     let relay = Arc::new(Relay::new(store, RecordingPublisher::new()));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn({
+    let (stop, running) = common::spawn_until_stopped({
         let relay = Arc::clone(&relay);
-        async move {
-            relay
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        }
+        |stopped| async move { relay.run(stopped).await }
     });
 
     // Other work writes WAL every 2 s; the outbox writes nothing.

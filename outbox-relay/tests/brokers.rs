@@ -12,9 +12,12 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{command, dead_count, wait_until_drained, Config, RelayProcess};
+use common::{
+    assert_delivered, command, dead_count, runs_of, wait_until_drained, Config, RelayProcess,
+};
 #[allow(unused_imports)] // not every broker feature is compiled in every build
 use pgoutbox_core::envelope::Format;
+use pgoutbox_core::testing::event;
 use pgoutbox_core::NewEvent;
 use pgoutbox_postgres::testing::TestOutbox;
 use uuid::Uuid;
@@ -35,38 +38,10 @@ fn env(name: &str) -> String {
 /// across aggregates; returns each aggregate's ids in insertion order.
 async fn enqueue(outbox: &TestOutbox) -> HashMap<String, Vec<Uuid>> {
     let events: Vec<NewEvent> = (0..AGGREGATES * PER_AGGREGATE)
-        .map(|i| {
-            NewEvent::new(
-                "order",
-                format!("o-{}", i % AGGREGATES),
-                "order.created",
-                &serde_json::json!({ "n": i }),
-            )
-        })
+        .map(|i| event(&format!("o-{}", i % AGGREGATES), i))
         .collect();
     outbox.enqueue_committed(&events).await.unwrap();
-    let mut runs: HashMap<String, Vec<Uuid>> = HashMap::new();
-    for event in &events {
-        runs.entry(event.aggregate_id.clone())
-            .or_default()
-            .push(event.id);
-    }
-    runs
-}
-
-/// The broker's messages as (aggregate id, event id) in arrival order: every event
-/// once, and each aggregate's in insertion order.
-fn assert_delivered(received: &[(String, Uuid)], runs: &HashMap<String, Vec<Uuid>>) {
-    let total: usize = runs.values().map(Vec::len).sum();
-    assert_eq!(received.len(), total, "messages received: {received:?}");
-    for (aggregate, ids) in runs {
-        let arrived: Vec<Uuid> = received
-            .iter()
-            .filter(|(a, _)| a == aggregate)
-            .map(|(_, id)| *id)
-            .collect();
-        assert_eq!(&arrived, ids, "aggregate {aggregate}: arrival order");
-    }
+    runs_of(&events)
 }
 
 /// Enqueue the test's events in a fresh outbox, run the binary with `broker`

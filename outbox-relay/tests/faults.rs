@@ -21,7 +21,7 @@ use common::{
     dead_count, free_port, get, qualified, sample, wait_until_drained, Config, RelayProcess,
 };
 use pgoutbox_core::conformance::proxy::TcpProxy;
-use pgoutbox_core::testing::check_first_arrivals;
+use pgoutbox_core::testing::{check_first_arrivals, resolve_url};
 use pgoutbox_core::NewEvent;
 use pgoutbox_nats::async_nats::jetstream::{self, stream};
 use pgoutbox_nats::{async_nats, EventConsumer};
@@ -43,12 +43,7 @@ fn nats_url() -> String {
 }
 
 fn nats_addr() -> SocketAddr {
-    let url = nats_url();
-    let host_port = url.rsplit("://").next().unwrap_or(&url).to_string();
-    std::net::ToSocketAddrs::to_socket_addrs(&host_port)
-        .ok()
-        .and_then(|mut a| a.next())
-        .unwrap_or_else(|| panic!("cannot resolve the NATS address {url}"))
+    resolve_url(&nats_url())
 }
 
 /// A JetStream stream of this test's own, capturing `<prefix>.>`.
@@ -283,6 +278,10 @@ impl Dice {
     }
 }
 
+/// What [`produce`] returns: each aggregate's ids in commit order, and when each
+/// id was committed.
+type Produced = (Vec<Vec<Uuid>>, HashMap<Uuid, Instant>);
+
 /// Events over `aggregates` aggregates, committed by `producers` concurrent
 /// producers in transactions of `per_tx` events with `pause` between them; each
 /// aggregate has one producer, so its events' commit order is their order. Returns
@@ -295,7 +294,7 @@ async fn produce(
     events: usize,
     per_tx: usize,
     pause: Duration,
-) -> (Vec<Vec<Uuid>>, HashMap<Uuid, Instant>) {
+) -> Produced {
     let tasks = (0..producers).map(|p| {
         let outbox = outbox.clone();
         let writer = writer.clone();
@@ -338,6 +337,58 @@ async fn produce(
         committed.extend(times);
     }
     (runs, committed)
+}
+
+/// [`produce`] on a task of its own, so that the test can act while it writes.
+fn spawn_produce(
+    outbox: &TestOutbox,
+    writer: Writer,
+    producers: usize,
+    aggregates: usize,
+    events: usize,
+    per_tx: usize,
+    pause: Duration,
+) -> tokio::task::JoinHandle<Produced> {
+    let outbox = outbox.clone();
+    tokio::spawn(async move {
+        produce(
+            &outbox, &writer, producers, aggregates, events, per_tx, pause,
+        )
+        .await
+    })
+}
+
+/// Until `producing` finishes: every 1-3 s (picked by [`Dice`]), kill one of
+/// `relays` at random with SIGKILL and start a new one from `config` in its place.
+/// Returns when each kill happened.
+async fn kill_at_random_while<T>(
+    producing: &tokio::task::JoinHandle<T>,
+    relays: &mut Vec<RelayProcess>,
+    config: &Config,
+) -> Vec<Instant> {
+    let mut dice = Dice::new();
+    let mut kills = Vec::new();
+    while !producing.is_finished() {
+        tokio::time::sleep(Duration::from_millis(1000 + dice.below(2001))).await;
+        let victim = dice.below(relays.len() as u64) as usize;
+        relays.swap_remove(victim).kill();
+        kills.push(Instant::now());
+        relays.push(RelayProcess::start(&config.path));
+    }
+    kills
+}
+
+/// `n` relay processes on `config`.
+fn start_relays(config: &Config, n: usize) -> Vec<RelayProcess> {
+    (0..n).map(|_| RelayProcess::start(&config.path)).collect()
+}
+
+/// SIGTERM to each of `relays`; each must exit successfully within 25 s.
+fn terminate_all(relays: Vec<RelayProcess>) {
+    for relay in relays {
+        let (exit, _) = relay.terminate(Duration::from_secs(25));
+        assert!(exit.success(), "exit status {exit}");
+    }
 }
 
 /// Lost, and how many arrivals were repeats.
@@ -499,43 +550,26 @@ async fn relays_killed_at_random_lose_nothing_and_keep_order() {
         &stream,
         NO_HTTP,
     );
-    let mut relays: Vec<RelayProcess> = (0..RELAYS)
-        .map(|_| RelayProcess::start(&config.path))
-        .collect();
+    let mut relays = start_relays(&config, RELAYS);
 
-    let producing = tokio::spawn({
-        let outbox = outbox.clone();
-        async move {
-            produce(
-                &outbox,
-                &Writer::Table,
-                4,
-                AGGREGATES,
-                EVENTS,
-                500,
-                Duration::from_millis(900),
-            )
-            .await
-        }
-    });
-    let mut dice = Dice::new();
-    let mut kills = 0;
-    while !producing.is_finished() {
-        tokio::time::sleep(Duration::from_millis(1000 + dice.below(2001))).await;
-        let victim = dice.below(RELAYS as u64) as usize;
-        relays.swap_remove(victim).kill();
-        relays.push(RelayProcess::start(&config.path));
-        kills += 1;
-    }
+    let producing = spawn_produce(
+        &outbox,
+        Writer::Table,
+        4,
+        AGGREGATES,
+        EVENTS,
+        500,
+        Duration::from_millis(900),
+    );
+    let kills = kill_at_random_while(&producing, &mut relays, &config)
+        .await
+        .len();
     let (runs, _) = producing.await.unwrap();
     let produced_in = began.elapsed();
     let drain_began = Instant::now();
     wait_until_drained(&outbox, Duration::from_secs(90)).await;
     let drained_in = drain_began.elapsed();
-    for relay in relays {
-        let (exit, _) = relay.terminate(Duration::from_secs(25));
-        assert!(exit.success(), "exit status {exit}");
-    }
+    terminate_all(relays);
 
     let arrivals = stream.read_all(Duration::from_secs(60)).await;
     let (lost, stored_repeats) = tally(&arrivals, &runs);
@@ -604,41 +638,23 @@ async fn wal_relays_killed_at_random_lose_nothing_and_the_standby_takes_over() {
         "{}",
         String::from_utf8_lossy(&migrated.stderr)
     );
-    let mut relays: Vec<RelayProcess> = (0..2).map(|_| RelayProcess::start(&config.path)).collect();
+    let mut relays = start_relays(&config, 2);
 
-    let writer = Writer::Wal(WalOutbox::new(&outbox.tables));
-    let producing = tokio::spawn({
-        let outbox = outbox.clone();
-        async move {
-            produce(
-                &outbox,
-                &writer,
-                PRODUCERS,
-                AGGREGATES,
-                EVENTS,
-                100,
-                Duration::from_millis(900),
-            )
-            .await
-        }
-    });
-    let mut dice = Dice::new();
-    let mut kills = Vec::new();
-    while !producing.is_finished() {
-        tokio::time::sleep(Duration::from_millis(1000 + dice.below(2001))).await;
-        // Both are killed in turn: whichever reads the slot, the other takes over.
-        let victim = dice.below(2) as usize;
-        relays.swap_remove(victim).kill();
-        kills.push(Instant::now());
-        relays.push(RelayProcess::start(&config.path));
-    }
+    let producing = spawn_produce(
+        &outbox,
+        Writer::Wal(WalOutbox::new(&outbox.tables)),
+        PRODUCERS,
+        AGGREGATES,
+        EVENTS,
+        100,
+        Duration::from_millis(900),
+    );
+    // Both are killed in turn: whichever reads the slot, the other takes over.
+    let kills = kill_at_random_while(&producing, &mut relays, &config).await;
     let (runs, _) = producing.await.unwrap();
     let produced_in = began.elapsed();
     let published = tap.stop_timed(EVENTS, Duration::from_secs(90)).await;
-    for relay in relays {
-        let (exit, _) = relay.terminate(Duration::from_secs(25));
-        assert!(exit.success(), "exit status {exit}");
-    }
+    terminate_all(relays);
     let arrivals = stream.read_all(Duration::from_secs(60)).await;
     let (lost, stored_repeats) = tally(&arrivals, &runs);
     let ids: Vec<Uuid> = published.iter().map(|(id, _)| *id).collect();
@@ -700,7 +716,7 @@ async fn relays_recover_by_themselves_when_postgresql_drops_their_sessions() {
     let outbox = TestOutbox::new().await.unwrap();
     let stream = Stream::create().await;
     let config = relay_config(&outbox, APP, &nats_url(), &stream, NO_HTTP);
-    let relays: Vec<RelayProcess> = (0..2).map(|_| RelayProcess::start(&config.path)).collect();
+    let relays = start_relays(&config, 2);
 
     // A consumer that notes when each event first arrives.
     let arrivals: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
@@ -718,21 +734,15 @@ async fn relays_recover_by_themselves_when_postgresql_drops_their_sessions() {
             }
         }
     });
-    let producing = tokio::spawn({
-        let outbox = outbox.clone();
-        async move {
-            produce(
-                &outbox,
-                &Writer::Table,
-                2,
-                200,
-                6000,
-                50,
-                Duration::from_millis(150),
-            )
-            .await
-        }
-    });
+    let producing = spawn_produce(
+        &outbox,
+        Writer::Table,
+        2,
+        200,
+        6000,
+        50,
+        Duration::from_millis(150),
+    );
 
     let mut cuts = Vec::new();
     for _ in 0..3 {
@@ -761,10 +771,7 @@ async fn relays_recover_by_themselves_when_postgresql_drops_their_sessions() {
     .await;
     stop.store(true, Ordering::SeqCst);
     consuming.await.unwrap();
-    for relay in relays {
-        let (exit, _) = relay.terminate(Duration::from_secs(25));
-        assert!(exit.success(), "exit status {exit}");
-    }
+    terminate_all(relays);
 
     let arrivals = arrivals.lock().unwrap().clone();
     let order: Vec<Uuid> = arrivals.iter().map(|(id, _)| *id).collect();

@@ -8,10 +8,10 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{command, Config, DropSlot, RelayProcess};
+use common::{assert_delivered, command, runs_of, Config, DropSlot, RelayProcess};
+use pgoutbox_core::testing::event;
 use pgoutbox_core::NewEvent;
 use pgoutbox_nats::{EventConsumer, NatsConfig};
 use pgoutbox_postgres::testing::TestOutbox;
@@ -28,15 +28,6 @@ fn run_ok(config: &std::path::Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
-}
-
-fn event(aggregate: &str, n: u32) -> NewEvent {
-    NewEvent::new(
-        "order",
-        aggregate,
-        "order.created",
-        &serde_json::json!({ "n": n }),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -108,22 +99,12 @@ async fn the_binary_publishes_committed_wal_events_in_commit_order() {
             received.push((message.metadata.aggregate_id.clone(), message.id()));
         }
     }
-    let mut runs: HashMap<&str, Vec<Uuid>> = HashMap::new();
-    for e in first.iter().chain(&later) {
-        runs.entry(e.aggregate_id.as_str()).or_default().push(e.id);
-    }
-    for (aggregate, ids) in &runs {
-        let arrived: Vec<Uuid> = received
-            .iter()
-            .filter(|(a, _)| a == aggregate)
-            .map(|(_, id)| *id)
-            .collect();
-        assert_eq!(&arrived, ids, "aggregate {aggregate}");
-    }
     assert!(
         !received.iter().any(|(_, id)| *id == lost.id),
         "a rolled-back event was published"
     );
+    let written: Vec<NewEvent> = first.iter().chain(&later).cloned().collect();
+    assert_delivered(&received, &runs_of(&written));
 
     // `check` sees the slot; `stats` reports how much WAL its reader has not
     // acknowledged.

@@ -4,8 +4,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{closed_port, create_queue, moto_addr, read, unique};
-use pgoutbox_core::conformance::proxy::TcpProxy;
+use common::{create_queue, moto_addr, read, unique};
+use pgoutbox_core::conformance::proxy::{closed_port, TcpProxy};
 use pgoutbox_core::conformance::{
     self, BoxError, ConformanceTarget, OutageTarget, ReceivedMessage,
 };
@@ -41,6 +41,17 @@ impl Sqs {
             envelope,
         }
     }
+
+    /// Settings for this target's queue at `endpoint`, with short timeouts: for
+    /// publishers meant to fail fast.
+    fn short_config(&self, endpoint: &str) -> SqsConfig {
+        SqsConfig::new(&self.name)
+            .endpoint(endpoint)
+            .region("us-east-1")
+            .credentials("test", "test")
+            .timeout(Duration::from_secs(3))
+            .connect_timeout(Duration::from_secs(1))
+    }
 }
 
 impl ConformanceTarget for Sqs {
@@ -74,12 +85,8 @@ impl ConformanceTarget for Sqs {
     }
 
     async fn unreachable_publisher(&self) -> Result<SqsPublisher, BoxError> {
-        Ok(SqsConfig::new(&self.name)
-            .endpoint(format!("http://127.0.0.1:{}", closed_port()))
-            .region("us-east-1")
-            .credentials("test", "test")
-            .timeout(Duration::from_secs(3))
-            .connect_timeout(Duration::from_secs(1))
+        Ok(self
+            .short_config(&format!("http://127.0.0.1:{}", closed_port()))
             .max_attempts(2)
             .build()
             .await?)
@@ -88,12 +95,8 @@ impl ConformanceTarget for Sqs {
 
 impl OutageTarget for Sqs {
     async fn outage_publisher(&self) -> Result<SqsPublisher, BoxError> {
-        Ok(SqsConfig::new(&self.name)
-            .endpoint(format!("http://{}", self.proxy.addr()))
-            .region("us-east-1")
-            .credentials("test", "test")
-            .timeout(Duration::from_secs(3))
-            .connect_timeout(Duration::from_secs(1))
+        Ok(self
+            .short_config(&format!("http://{}", self.proxy.addr()))
             .max_attempts(1)
             .build()
             .await?)

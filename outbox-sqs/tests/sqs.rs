@@ -160,17 +160,18 @@ async fn end_to_end_fifo_keeps_group_order() {
     let url = create_queue(publisher.client(), &name).await;
     let mut sent = Vec::new();
     for round in 0..4 {
-        let mut tx = db.pool.begin().await.unwrap();
-        for a in 0..3 {
-            let e = NewEvent::new(
-                "order",
-                format!("order-{a}"),
-                "order.updated",
-                &serde_json::json!({"round": round}),
-            );
-            sent.push(db.outbox.enqueue(&mut tx, &e).await.unwrap());
-        }
-        tx.commit().await.unwrap();
+        // One transaction per round.
+        let events: Vec<NewEvent> = (0..3)
+            .map(|a| {
+                NewEvent::new(
+                    "order",
+                    format!("order-{a}"),
+                    "order.updated",
+                    &serde_json::json!({"round": round}),
+                )
+            })
+            .collect();
+        sent.extend(db.enqueue_committed(&events).await.unwrap());
     }
     let client = publisher.client().clone();
     let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
@@ -201,25 +202,25 @@ async fn oversize_entry_dead_letters_alone() {
     let name = unique("partial", false);
     let publisher = common::publisher(&name).await;
     let url = create_queue(publisher.client(), &name).await;
-    let mut tx = db.pool.begin().await.unwrap();
-    let mut good = Vec::new();
-    for i in 0..6 {
-        let e = NewEvent::new(
-            "order",
-            format!("o-{i}"),
-            "order.created",
-            &serde_json::json!({"i": i}),
-        );
-        good.push(db.outbox.enqueue(&mut tx, &e).await.unwrap());
-    }
-    let big = NewEvent::new(
+    // One transaction: six events, then one too large for SQS.
+    let mut events: Vec<NewEvent> = (0..6)
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("o-{i}"),
+                "order.created",
+                &serde_json::json!({"i": i}),
+            )
+        })
+        .collect();
+    events.push(NewEvent::new(
         "order",
         "o-big",
         "order.created",
         &serde_json::json!({"big": "x".repeat(300 * 1024)}),
-    );
-    let big_id = db.outbox.enqueue(&mut tx, &big).await.unwrap();
-    tx.commit().await.unwrap();
+    ));
+    let mut good = db.enqueue_committed(&events).await.unwrap();
+    let big_id = good.pop().unwrap();
 
     let client = publisher.client().clone();
     let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());

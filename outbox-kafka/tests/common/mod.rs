@@ -76,6 +76,15 @@ impl MockKafka {
             .expect("mock cluster command failed");
     }
 
+    /// A cluster of `brokers` with a topic of `partitions` named
+    /// [`unique`]`(prefix)`; the cluster and the topic's name.
+    pub fn with_topic(brokers: i32, prefix: &str, partitions: i32) -> (Self, String) {
+        let mock = Self::start(brokers);
+        let topic = unique(prefix);
+        mock.create_topic(&topic, partitions);
+        (mock, topic)
+    }
+
     pub fn create_topic(&self, topic: &str, partitions: i32) {
         self.call(|r| Command::CreateTopic(topic.to_string(), partitions, r));
     }
@@ -151,14 +160,6 @@ pub async fn read(consumer: &StreamConsumer, max: usize, wait: Duration) -> Vec<
         }
     }
     out
-}
-
-/// A port on 127.0.0.1 where nothing listens.
-pub fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    drop(listener);
-    port
 }
 
 /// The partition and key of a message, for assertions.

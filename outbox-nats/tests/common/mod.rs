@@ -18,12 +18,7 @@ pub fn nats_url() -> String {
 
 /// Its address, for the proxy.
 pub fn nats_addr() -> SocketAddr {
-    let url = nats_url();
-    let host_port = url.rsplit("://").next().unwrap_or(&url).to_string();
-    std::net::ToSocketAddrs::to_socket_addrs(&host_port)
-        .ok()
-        .and_then(|mut a| a.next())
-        .unwrap_or_else(|| panic!("cannot resolve NATS address {url}"))
+    pgoutbox_core::testing::resolve_url(&nats_url())
 }
 
 /// A fresh subject prefix and in-memory stream capturing it, plus a durable consumer.

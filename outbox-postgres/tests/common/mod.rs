@@ -4,19 +4,18 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
 use pgoutbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
 use pgoutbox_postgres::testing::TestOutbox;
 use pgoutbox_postgres::PgStore;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-pub fn event(aggregate: &str, n: usize) -> NewEvent {
-    NewEvent::new(
-        "order",
-        aggregate,
-        "order.created",
-        &serde_json::json!({ "n": n }),
-    )
-}
+#[allow(unused_imports)] // not every test uses it
+pub use pgoutbox_core::testing::event;
 
 /// Enqueue `aggregates` x `per_aggregate` events, interleaved (a0#0, a1#0, ..., a0#1, ...),
 /// committed in chunks. Returns the ids in insertion order.
@@ -26,9 +25,7 @@ pub async fn fill(db: &TestOutbox, aggregates: usize, per_aggregate: usize) -> V
         .collect();
     let mut ids = Vec::with_capacity(events.len());
     for chunk in events.chunks(2000) {
-        let mut tx = db.pool.begin().await.unwrap();
-        ids.extend(db.outbox.enqueue_many(&mut tx, chunk).await.unwrap());
-        tx.commit().await.unwrap();
+        ids.extend(db.enqueue_many_committed(chunk).await.unwrap());
     }
     ids
 }
@@ -68,6 +65,15 @@ pub async fn run_all<P: Publisher>(
     futures_util::future::join_all(relays.iter().map(|r| r.run(shutdown.clone()))).await;
 }
 
+/// Run `relays` until `db`'s outbox has nothing pending (at most `limit`).
+pub async fn run_all_until_drained<P: Publisher>(
+    relays: &[Relay<PgStore, P>],
+    db: &TestOutbox,
+    limit: Duration,
+) {
+    run_all(relays, drained(db.store(), limit).boxed().shared()).await;
+}
+
 /// Rows still in the events table.
 pub async fn remaining(db: &TestOutbox) -> i64 {
     sqlx::query_scalar(&format!(
@@ -77,4 +83,31 @@ pub async fn remaining(db: &TestOutbox) -> i64 {
     .fetch_one(&db.pool)
     .await
     .unwrap()
+}
+
+/// Ids of the rows still in the events table, in insertion order.
+pub async fn row_ids(db: &TestOutbox) -> Vec<Uuid> {
+    sqlx::query_scalar(&format!(
+        "SELECT id FROM {}.outbox_events ORDER BY seq",
+        db.tables.schema().quoted()
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Spawn `run` with a shutdown future of its own; it resolves once the returned
+/// sender is used (or dropped). `run` gets that future and runs until it resolves,
+/// e.g. `|stopped| async move { relay.run(stopped).await }`.
+pub fn spawn_until_stopped<F>(
+    run: impl FnOnce(BoxFuture<'static, ()>) -> F,
+) -> (oneshot::Sender<()>, JoinHandle<()>)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(run(Box::pin(async {
+        let _ = stopped.await;
+    })));
+    (stop, running)
 }

@@ -2,6 +2,7 @@
 //! PostgreSQL: config files, relay processes, the HTTP endpoints, the outbox table.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -294,14 +295,7 @@ pub async fn wait_until_drained(outbox: &TestOutbox, limit: Duration) {
 /// Enqueue `n` events on 50 aggregates in one transaction; their ids.
 pub async fn enqueue(outbox: &TestOutbox, n: usize) -> Vec<Uuid> {
     let events: Vec<pgoutbox_core::NewEvent> = (0..n)
-        .map(|i| {
-            pgoutbox_core::NewEvent::new(
-                "order",
-                format!("{}", i % 50),
-                "order.created",
-                &serde_json::json!({ "n": i }),
-            )
-        })
+        .map(|i| pgoutbox_core::testing::event(&format!("{}", i % 50), i))
         .collect();
     let mut tx = outbox.pool.begin().await.unwrap();
     let ids = outbox.outbox.enqueue_many(&mut tx, &events).await.unwrap();
@@ -327,5 +321,31 @@ impl Drop for DropSlot {
     fn drop(&mut self) {
         // The relay names its publication like its slot in these tests.
         pgoutbox_postgres::testing::drop_slot_when_released(self.0.clone(), self.0.clone());
+    }
+}
+
+/// Each aggregate's event ids in the order of `events` (their insertion order).
+pub fn runs_of(events: &[pgoutbox_core::NewEvent]) -> HashMap<String, Vec<Uuid>> {
+    let mut runs: HashMap<String, Vec<Uuid>> = HashMap::new();
+    for event in events {
+        runs.entry(event.aggregate_id.clone())
+            .or_default()
+            .push(event.id);
+    }
+    runs
+}
+
+/// The broker's messages as (aggregate id, event id) in arrival order: every event
+/// of `runs` once, and each aggregate's in insertion order.
+pub fn assert_delivered(received: &[(String, Uuid)], runs: &HashMap<String, Vec<Uuid>>) {
+    let total: usize = runs.values().map(Vec::len).sum();
+    assert_eq!(received.len(), total, "messages received: {received:?}");
+    for (aggregate, ids) in runs {
+        let arrived: Vec<Uuid> = received
+            .iter()
+            .filter(|(a, _)| a == aggregate)
+            .map(|(_, id)| *id)
+            .collect();
+        assert_eq!(&arrived, ids, "aggregate {aggregate}: arrival order");
     }
 }

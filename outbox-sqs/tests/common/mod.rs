@@ -35,15 +35,7 @@ pub fn endpoint() -> String {
 
 /// moto's address, for a proxy in front of it.
 pub fn moto_addr() -> std::net::SocketAddr {
-    let endpoint = endpoint();
-    let authority = endpoint
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
-    std::net::ToSocketAddrs::to_socket_addrs(&authority)
-        .ok()
-        .and_then(|mut a| a.next())
-        .unwrap_or_else(|| panic!("cannot resolve moto's address {endpoint}"))
+    pgoutbox_core::testing::resolve_url(&endpoint())
 }
 
 /// A config for moto with static test credentials.
@@ -120,12 +112,4 @@ pub async fn read(client: &Client, url: &str, max: usize, wait: Duration) -> Vec
         out.extend(messages);
     }
     out
-}
-
-/// A port on 127.0.0.1 where nothing listens.
-pub fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    drop(listener);
-    port
 }

@@ -1,7 +1,6 @@
 //! Which exchange and routing key an event is published with.
 
-use std::collections::HashMap;
-
+use pgoutbox_core::routing::RouteTable;
 use pgoutbox_core::Event;
 
 use crate::error::{Error, Result};
@@ -18,6 +17,15 @@ pub struct Route {
     pub routing_key: String,
 }
 
+impl Route {
+    fn new(exchange: impl Into<String>, routing_key: impl Into<String>) -> Self {
+        Self {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+        }
+    }
+}
+
 /// Routing rule. For each event, the first that applies wins:
 /// 1. the event's `destination` (set at enqueue): routing key on the default exchange
 ///    of this rule;
@@ -27,8 +35,7 @@ pub struct Route {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmqpRouting {
     exchange: String,
-    by_event_type: HashMap<String, Route>,
-    by_aggregate_type: HashMap<String, Route>,
+    routes: RouteTable<Route>,
 }
 
 impl Default for AmqpRouting {
@@ -43,8 +50,7 @@ impl AmqpRouting {
     pub fn new(exchange: impl Into<String>) -> Self {
         Self {
             exchange: exchange.into(),
-            by_event_type: HashMap::new(),
-            by_aggregate_type: HashMap::new(),
+            routes: RouteTable::new(),
         }
     }
 
@@ -56,13 +62,8 @@ impl AmqpRouting {
         exchange: impl Into<String>,
         routing_key: impl Into<String>,
     ) -> Self {
-        self.by_event_type.insert(
-            event_type.into(),
-            Route {
-                exchange: exchange.into(),
-                routing_key: routing_key.into(),
-            },
-        );
+        let route = Route::new(exchange, routing_key);
+        self.routes.insert_event_type(event_type, route);
         self
     }
 
@@ -75,13 +76,8 @@ impl AmqpRouting {
         exchange: impl Into<String>,
         routing_key: impl Into<String>,
     ) -> Self {
-        self.by_aggregate_type.insert(
-            aggregate_type.into(),
-            Route {
-                exchange: exchange.into(),
-                routing_key: routing_key.into(),
-            },
-        );
+        let route = Route::new(exchange, routing_key);
+        self.routes.insert_aggregate_type(aggregate_type, route);
         self
     }
 
@@ -93,19 +89,11 @@ impl AmqpRouting {
     /// The route of `event`, validated (an error text makes the event fail permanently).
     pub fn route(&self, event: &Event) -> Result<Route, String> {
         let route = if let Some(destination) = &event.destination {
-            Route {
-                exchange: self.exchange.clone(),
-                routing_key: destination.clone(),
-            }
-        } else if let Some(route) = self.by_event_type.get(&event.event_type) {
-            route.clone()
-        } else if let Some(route) = self.by_aggregate_type.get(&event.aggregate_type) {
+            Route::new(&self.exchange, destination)
+        } else if let Some(route) = self.routes.get(event) {
             route.clone()
         } else {
-            Route {
-                exchange: self.exchange.clone(),
-                routing_key: event.event_type.clone(),
-            }
+            Route::new(&self.exchange, &event.event_type)
         };
         validate_exchange(&route.exchange)?;
         if route.routing_key.len() > MAX_SHORT_STRING {
@@ -119,7 +107,7 @@ impl AmqpRouting {
 
     pub(crate) fn validate(&self) -> Result<()> {
         validate_exchange(&self.exchange).map_err(|r| Error::config("exchange", r))?;
-        for (key, route) in self.by_event_type.iter().chain(&self.by_aggregate_type) {
+        for (key, route) in self.routes.iter() {
             validate_exchange(&route.exchange)
                 .map_err(|r| Error::config(format!("route `{key}`"), r))?;
             if route.routing_key.len() > MAX_SHORT_STRING {

@@ -1,12 +1,116 @@
 //! Routing rules: which destination (subject, routing key, topic, queue) an event goes to.
 //!
 //! The same rule for every broker; each adapter validates the resulting names by its
-//! own broker's rules.
+//! own broker's rules. [`RouteTable`] holds the rules by event type and by aggregate
+//! type of every adapter, whatever a destination is; [`PrefixRouting`] is the rule of
+//! the brokers whose configuration sets a name prefix and a default destination apart
+//! (Kafka topics, SQS queues); [`route_builders!`](crate::route_builders) writes an
+//! adapter's builder methods that add a rule to a table.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use crate::event::Event;
+
+/// Destinations configured by event type and by aggregate type: the tables of every
+/// routing rule, whatever a destination is (a name, or an AMQP exchange and routing
+/// key). Sorted maps, so validation meets the rules in the same order every time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteTable<T> {
+    by_event_type: BTreeMap<String, T>,
+    by_aggregate_type: BTreeMap<String, T>,
+}
+
+// Not derived: the derive would ask for `T: Default`, which a destination need not be.
+impl<T> Default for RouteTable<T> {
+    fn default() -> Self {
+        Self {
+            by_event_type: BTreeMap::new(),
+            by_aggregate_type: BTreeMap::new(),
+        }
+    }
+}
+
+impl<T> RouteTable<T> {
+    /// No rules.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Send events of `event_type` to `destination`, replacing an earlier rule for it.
+    pub fn insert_event_type(&mut self, event_type: impl Into<String>, destination: T) {
+        self.by_event_type.insert(event_type.into(), destination);
+    }
+
+    /// Send events of `aggregate_type` to `destination` (unless their event type has a
+    /// rule), replacing an earlier rule for it.
+    pub fn insert_aggregate_type(&mut self, aggregate_type: impl Into<String>, destination: T) {
+        self.by_aggregate_type
+            .insert(aggregate_type.into(), destination);
+    }
+
+    /// The destination configured for `event`: its event type's, else its aggregate
+    /// type's. The event's own destination is the caller's to look at first.
+    pub fn get(&self, event: &Event) -> Option<&T> {
+        self.by_event_type
+            .get(&event.event_type)
+            .or_else(|| self.by_aggregate_type.get(&event.aggregate_type))
+    }
+
+    /// Every rule, as the type it is for and its destination: the aggregate type
+    /// rules, then the event type rules, each sorted by type.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &T)> {
+        self.by_aggregate_type
+            .iter()
+            .chain(&self.by_event_type)
+            .map(|(key, destination)| (key.as_str(), destination))
+    }
+
+    /// Every configured destination, in the order of [`RouteTable::iter`].
+    pub fn destinations(&self) -> impl Iterator<Item = &T> {
+        self.iter().map(|(_, destination)| destination)
+    }
+}
+
+/// Writes an adapter's builder methods that add a rule to a [`RouteTable<String>`]
+/// field, inside its `impl` block, so every adapter adds rules the same way. Each
+/// line gives the method's attributes (docs, `#[must_use]`), visibility and name, its
+/// two parameters (the type, then the destination) and, after `=>`, the path from
+/// `self` to the table's insert method it calls. The method takes and returns `self`.
+///
+/// ```
+/// use pgoutbox_core::routing::RouteTable;
+///
+/// #[derive(Default)]
+/// pub struct Config {
+///     routes: RouteTable<String>,
+/// }
+///
+/// impl Config {
+///     pgoutbox_core::route_builders! {
+///         /// Send events of this event type to `topic`.
+///         pub fn route_event_type(event_type, topic) => routes.insert_event_type;
+///         /// Send events of this aggregate type to `topic`.
+///         pub fn route_aggregate_type(aggregate_type, topic) => routes.insert_aggregate_type;
+///     }
+/// }
+///
+/// let config = Config::default().route_event_type("order.paid", "payments");
+/// assert_eq!(config.routes.iter().collect::<Vec<_>>(), [("order.paid", &"payments".to_string())]);
+/// ```
+#[macro_export]
+macro_rules! route_builders {
+    ($(
+        $(#[$attr:meta])*
+        $vis:vis fn $name:ident($key:ident, $destination:ident) => $($insert:ident).+;
+    )*) => {$(
+        $(#[$attr])*
+        $vis fn $name(mut self, $key: impl Into<String>, $destination: impl Into<String>) -> Self {
+            self.$($insert).+($key, $destination.into());
+            self
+        }
+    )*};
+}
 
 /// Chooses a destination for each event. The first that applies wins:
 /// 1. the event's own `destination` (set at enqueue);
@@ -17,42 +121,31 @@ use crate::event::Event;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routing {
     template: String,
-    by_event_type: HashMap<String, String>,
-    by_aggregate_type: HashMap<String, String>,
+    rules: RouteTable<String>,
 }
 
 impl Routing {
     /// Route by `template` unless a rule below applies.
     pub fn new(template: impl Into<String>) -> Self {
+        Self::with_rules(template, RouteTable::new())
+    }
+
+    /// Route by `rules`, and by `template` where none applies.
+    pub fn with_rules(template: impl Into<String>, rules: RouteTable<String>) -> Self {
         Self {
             template: template.into(),
-            by_event_type: HashMap::new(),
-            by_aggregate_type: HashMap::new(),
+            rules,
         }
     }
 
-    /// Send events of `event_type` to `destination`.
-    #[must_use]
-    pub fn event_type(
-        mut self,
-        event_type: impl Into<String>,
-        destination: impl Into<String>,
-    ) -> Self {
-        self.by_event_type
-            .insert(event_type.into(), destination.into());
-        self
-    }
+    crate::route_builders! {
+        /// Send events of `event_type` to `destination`.
+        #[must_use]
+        pub fn event_type(event_type, destination) => rules.insert_event_type;
 
-    /// Send events of `aggregate_type` to `destination` (unless their event type has a rule).
-    #[must_use]
-    pub fn aggregate_type(
-        mut self,
-        aggregate_type: impl Into<String>,
-        destination: impl Into<String>,
-    ) -> Self {
-        self.by_aggregate_type
-            .insert(aggregate_type.into(), destination.into());
-        self
+        /// Send events of `aggregate_type` to `destination` (unless their event type has a rule).
+        #[must_use]
+        pub fn aggregate_type(aggregate_type, destination) => rules.insert_aggregate_type;
     }
 
     /// The default template.
@@ -62,10 +155,7 @@ impl Routing {
 
     /// Every configured destination, for validation at build time.
     pub fn configured(&self) -> impl Iterator<Item = &str> {
-        self.by_event_type
-            .values()
-            .chain(self.by_aggregate_type.values())
-            .map(String::as_str)
+        self.rules.destinations().map(String::as_str)
     }
 
     /// Where `event` goes.
@@ -73,10 +163,7 @@ impl Routing {
         if let Some(d) = &event.destination {
             return Cow::Borrowed(d);
         }
-        if let Some(d) = self.by_event_type.get(&event.event_type) {
-            return Cow::Borrowed(d);
-        }
-        if let Some(d) = self.by_aggregate_type.get(&event.aggregate_type) {
+        if let Some(d) = self.rules.get(event) {
             return Cow::Borrowed(d);
         }
         if !self.template.contains('{') {
@@ -87,6 +174,42 @@ impl Routing {
                 .replace("{event_type}", &event.event_type)
                 .replace("{aggregate_type}", &event.aggregate_type),
         )
+    }
+}
+
+/// The rule of brokers whose configuration sets a name prefix and a default
+/// destination apart (Kafka topics, SQS queues), most specific first: the event's
+/// destination, a rule for its event type, a rule for its aggregate type, the default
+/// destination, and `<prefix><aggregate_type>`. Collected by an adapter's config
+/// builder, then [compiled](PrefixRouting::compile) into a [`Routing`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixRouting {
+    /// Prefix of `<prefix><aggregate_type>`, the default without a default
+    /// destination. Empty by default.
+    pub prefix: String,
+    /// The destination of every event without a more specific rule. None by default.
+    pub default: Option<String>,
+    /// The rules by event type and by aggregate type.
+    pub rules: RouteTable<String>,
+}
+
+impl PrefixRouting {
+    /// Every destination named: the default, then the rules' ([`RouteTable::iter`]'s
+    /// order). Those of the prefix are not known in advance.
+    pub fn named(&self) -> impl Iterator<Item = &str> {
+        self.default
+            .iter()
+            .chain(self.rules.destinations())
+            .map(String::as_str)
+    }
+
+    /// The rule as a [`Routing`]; the default destination is its template as it is.
+    pub fn compile(&self) -> Routing {
+        let template = match &self.default {
+            Some(default) => default.clone(),
+            None => format!("{}{{aggregate_type}}", self.prefix),
+        };
+        Routing::with_rules(template, self.rules.clone())
     }
 }
 
@@ -124,5 +247,27 @@ mod tests {
         e.destination = Some("special".into());
         assert_eq!(r.destination(&e), "special");
         assert_eq!(Routing::new("fixed").destination(&event("a", "b")), "fixed");
+    }
+
+    #[test]
+    fn prefix_routing_compiles_to_the_same_order() {
+        let mut rules = PrefixRouting {
+            prefix: "ev.".into(),
+            ..PrefixRouting::default()
+        };
+        rules
+            .rules
+            .insert_event_type("order.paid", "payments".to_string());
+        rules
+            .rules
+            .insert_aggregate_type("order", "orders".to_string());
+        let r = rules.compile();
+        assert_eq!(r.destination(&event("order", "order.paid")), "payments");
+        assert_eq!(r.destination(&event("order", "order.created")), "orders");
+        assert_eq!(r.destination(&event("user", "user.created")), "ev.user");
+        assert_eq!(rules.named().collect::<Vec<_>>(), ["orders", "payments"]);
+        rules.default = Some("all".into());
+        assert_eq!(rules.compile().destination(&event("user", "x")), "all");
+        assert_eq!(rules.named().next(), Some("all"));
     }
 }

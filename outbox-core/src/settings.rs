@@ -6,7 +6,8 @@
 //! default); its `with_vars` lays the `OUTBOX_<BROKER>_*` variables over it (the
 //! environment wins), reading them through [`Vars`], and its config's
 //! `from_settings` turns the result into the typed configuration. The variable
-//! names are written once, in the adapter.
+//! names are written once, in the adapter. A config's `from_vars` reads the
+//! settings and the envelope with [`settings_and_envelope`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,6 +16,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
+
+use crate::envelope::{Envelope, EnvelopeConfigError};
 
 /// A duration written like `100ms`, `30s`, `5m`, `2h`, `1h 30m` or `7d`; `0` is zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -100,6 +103,24 @@ pub trait EnvOverrides: Sized {
     ) -> Result<Self, Self::Error> {
         self.with(&Vars::new(vars))
     }
+}
+
+/// The default settings `S` with `vars` laid over them, and the envelope the same
+/// variables choose (`OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`, read by
+/// [`Envelope::from_lookup`]): what every adapter's config `from_vars` reads before
+/// its `from_settings`. `envelope_error` turns an invalid envelope setting into the
+/// adapter's error, as its settings' variables are.
+pub fn settings_and_envelope<S>(
+    vars: impl IntoIterator<Item = (String, String)>,
+    envelope_error: impl FnOnce(EnvelopeConfigError) -> S::Error,
+) -> Result<(S, Envelope), S::Error>
+where
+    S: EnvOverrides + Default,
+{
+    let vars = Vars::new(vars);
+    let settings = S::default().with(&vars)?;
+    let envelope = Envelope::from_lookup(|name| vars.text(name)).map_err(envelope_error)?;
+    Ok((settings, envelope))
 }
 
 /// An environment variable whose value could not be read.

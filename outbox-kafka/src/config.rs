@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pgoutbox_core::envelope::Envelope;
-use pgoutbox_core::settings::{EnvOverrides, HumanDuration, Vars};
+use pgoutbox_core::settings::{settings_and_envelope, EnvOverrides, HumanDuration, Vars};
 use rdkafka::config::ClientConfig;
 use serde::Deserialize;
 
@@ -171,10 +171,8 @@ impl KafkaConfig {
 
     /// Like [`KafkaConfig::from_env`], from the given variables.
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
-        let vars = Vars::new(vars);
-        let settings = KafkaSettings::default().with(&vars)?;
-        let envelope =
-            Envelope::from_lookup(|name| vars.text(name)).map_err(|e| Error::InvalidConfig {
+        let (settings, envelope) =
+            settings_and_envelope::<KafkaSettings>(vars, |e| Error::InvalidConfig {
                 field: "envelope",
                 reason: e.to_string(),
             })?;
@@ -230,7 +228,7 @@ impl KafkaConfig {
     /// Default route: topic `<prefix><aggregate_type>`. Defaults to the empty prefix,
     /// so events of aggregate type `order` go to topic `order`.
     pub fn topic_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.routing.prefix = prefix.into();
+        self.routing.topics.prefix = prefix.into();
         self
     }
 
@@ -238,7 +236,7 @@ impl KafkaConfig {
     /// aggregate type) to this one topic instead of `<prefix><aggregate_type>`.
     /// Defaults to none.
     pub fn topic(mut self, topic: impl Into<String>) -> Self {
-        self.routing.default_topic = Some(topic.into());
+        self.routing.topics.default = Some(topic.into());
         self
     }
 
@@ -246,40 +244,18 @@ impl KafkaConfig {
     /// sorted, without repeats (topics from the prefix rule are not known in
     /// advance). For creating them up front ([`KafkaConfig::ensure_topic`]).
     pub fn named_topics(&self) -> Vec<String> {
-        let mut topics: std::collections::BTreeSet<String> = self
-            .routing
-            .by_aggregate_type
-            .values()
-            .chain(self.routing.by_event_type.values())
-            .cloned()
-            .collect();
-        topics.extend(self.routing.default_topic.clone());
-        topics.into_iter().collect()
+        let topics: std::collections::BTreeSet<&str> = self.routing.topics.named().collect();
+        topics.into_iter().map(str::to_string).collect()
     }
 
-    /// Send events of this aggregate type to `topic`. Defaults to no such route.
-    pub fn route_aggregate_type(
-        mut self,
-        aggregate_type: impl Into<String>,
-        topic: impl Into<String>,
-    ) -> Self {
-        self.routing
-            .by_aggregate_type
-            .insert(aggregate_type.into(), topic.into());
-        self
-    }
+    pgoutbox_core::route_builders! {
+        /// Send events of this aggregate type to `topic`. Defaults to no such route.
+        pub fn route_aggregate_type(aggregate_type, topic)
+            => routing.topics.rules.insert_aggregate_type;
 
-    /// Send events of this event type to `topic`; wins over an aggregate type route,
-    /// loses to the event's own destination. Defaults to no such route.
-    pub fn route_event_type(
-        mut self,
-        event_type: impl Into<String>,
-        topic: impl Into<String>,
-    ) -> Self {
-        self.routing
-            .by_event_type
-            .insert(event_type.into(), topic.into());
-        self
+        /// Send events of this event type to `topic`; wins over an aggregate type route,
+        /// loses to the event's own destination. Defaults to no such route.
+        pub fn route_event_type(event_type, topic) => routing.topics.rules.insert_event_type;
     }
 
     /// Longest time librdkafka tries to deliver a message (`message.timeout.ms`),
@@ -360,12 +336,7 @@ impl KafkaConfig {
                 reason: "must be positive".into(),
             });
         }
-        let routes = self
-            .routing
-            .default_topic
-            .iter()
-            .chain(self.routing.by_aggregate_type.values());
-        for topic in routes.chain(self.routing.by_event_type.values()) {
+        for topic in self.routing.topics.named() {
             validate_topic(topic)?;
         }
         if let Some(key) = self.client.keys().find(|k| k.trim().is_empty()) {
@@ -400,7 +371,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(config.brokers(), "a:9092,b:9092");
-        assert_eq!(config.routing.prefix, "events.");
+        assert_eq!(config.routing.topics.prefix, "events.");
         assert_eq!(config.delivery_timeout, Duration::from_millis(1500));
         let client = config.client_config().unwrap();
         assert_eq!(client.get("compression.type"), Some("lz4"));

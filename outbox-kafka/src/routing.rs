@@ -1,8 +1,8 @@
 //! Which topic an event goes to.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
+use pgoutbox_core::routing::PrefixRouting;
 use pgoutbox_core::{Event, PublishError};
 
 use crate::error::{Error, Result};
@@ -12,32 +12,19 @@ const MAX_TOPIC_LEN: usize = 249;
 
 /// The routing rule, most specific first: the event's destination, a route for its
 /// event type, a route for its aggregate type, the fixed default topic, and
-/// `<prefix><aggregate_type>`. Collected by [`crate::KafkaConfig`], then
-/// [compiled](Routing::compile) into the shared [`pgoutbox_core::Routing`].
+/// `<prefix><aggregate_type>` (the shared [`PrefixRouting`], of topics). Collected by
+/// [`crate::KafkaConfig`], then [compiled](Routing::compile) into the shared
+/// [`pgoutbox_core::Routing`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Routing {
-    pub(crate) prefix: String,
-    pub(crate) default_topic: Option<String>,
-    pub(crate) by_aggregate_type: BTreeMap<String, String>,
-    pub(crate) by_event_type: BTreeMap<String, String>,
+    pub(crate) topics: PrefixRouting,
 }
 
 impl Routing {
-    /// The rule as used by the publisher.
+    /// The rule as used by the publisher. A default topic is validated, so it has no
+    /// `{` and is used as is.
     pub(crate) fn compile(&self) -> Topics {
-        // A default topic is validated, so it has no `{` and is used as is.
-        let template = match &self.default_topic {
-            Some(topic) => topic.clone(),
-            None => format!("{}{{aggregate_type}}", self.prefix),
-        };
-        let mut rules = pgoutbox_core::Routing::new(template);
-        for (aggregate_type, topic) in &self.by_aggregate_type {
-            rules = rules.aggregate_type(aggregate_type, topic);
-        }
-        for (event_type, topic) in &self.by_event_type {
-            rules = rules.event_type(event_type, topic);
-        }
-        Topics(rules)
+        Topics(self.topics.compile())
     }
 }
 
@@ -96,16 +83,11 @@ mod tests {
 
     #[test]
     fn most_specific_route_wins() {
-        let mut routing = Routing {
-            prefix: "ev.".into(),
-            ..Routing::default()
-        };
-        routing
-            .by_aggregate_type
-            .insert("order".into(), "orders".into());
-        routing
-            .by_event_type
-            .insert("order.paid".into(), "payments".into());
+        let mut routing = Routing::default();
+        routing.topics.prefix = "ev.".into();
+        let rules = &mut routing.topics.rules;
+        rules.insert_aggregate_type("order", "orders".to_string());
+        rules.insert_event_type("order.paid", "payments".to_string());
         let routing = routing.compile();
         let topic = |e: &Event| routing.topic(e).map(|t| t.into_owned());
         assert_eq!(

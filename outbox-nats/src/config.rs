@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_nats::ServerAddr;
 use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::redact_url;
-use pgoutbox_core::settings::{EnvOverrides, HumanDuration, Vars};
+use pgoutbox_core::settings::{settings_and_envelope, EnvOverrides, HumanDuration, Vars};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -246,10 +246,9 @@ impl NatsConfig {
 
     /// Like [`NatsConfig::from_env`], from the given variables.
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
-        let vars = Vars::new(vars);
-        let settings = NatsSettings::default().with(&vars)?;
-        let envelope = Envelope::from_lookup(|name| vars.text(name))
-            .map_err(|e| Error::config("envelope", e.to_string()))?;
+        let (settings, envelope) = settings_and_envelope::<NatsSettings>(vars, |e| {
+            Error::config("envelope", e.to_string())
+        })?;
         Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 

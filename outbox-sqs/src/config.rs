@@ -7,7 +7,7 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 use aws_sdk_sqs::config::{Credentials, Region};
 use pgoutbox_core::envelope::Envelope;
-use pgoutbox_core::settings::{EnvOverrides, HumanDuration, Vars};
+use pgoutbox_core::settings::{settings_and_envelope, EnvOverrides, HumanDuration, Vars};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -122,9 +122,7 @@ impl SqsConfig {
 
     /// Like [`SqsConfig::from_env`], from the given variables.
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
-        let vars = Vars::new(vars);
-        let settings = SqsSettings::default().with(&vars)?;
-        let envelope = Envelope::from_lookup(|name| vars.text(name))?;
+        let (settings, envelope) = settings_and_envelope::<SqsSettings>(vars, Error::from)?;
         Ok(Self::from_settings(&settings).envelope(envelope))
     }
 
@@ -161,40 +159,25 @@ impl SqsConfig {
     /// Send every event without a more specific route to this queue (URL or name).
     /// Defaults to none: the queue is named `<prefix><aggregate_type>`.
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
-        self.routing.default_queue = Some(queue.into());
+        self.routing.queues.default = Some(queue.into());
         self
     }
 
     /// Default route without a default queue: the queue named `<prefix><aggregate_type>`.
     /// Defaults to the empty prefix.
     pub fn queue_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.routing.prefix = prefix.into();
+        self.routing.queues.prefix = prefix.into();
         self
     }
 
-    /// Send events of this aggregate type to `queue` (URL or name). Defaults to no such route.
-    pub fn route_aggregate_type(
-        mut self,
-        aggregate_type: impl Into<String>,
-        queue: impl Into<String>,
-    ) -> Self {
-        self.routing
-            .by_aggregate_type
-            .insert(aggregate_type.into(), queue.into());
-        self
-    }
+    pgoutbox_core::route_builders! {
+        /// Send events of this aggregate type to `queue` (URL or name). Defaults to no such route.
+        pub fn route_aggregate_type(aggregate_type, queue)
+            => routing.queues.rules.insert_aggregate_type;
 
-    /// Send events of this event type to `queue` (URL or name); wins over an aggregate
-    /// type route, loses to the event's own destination. Defaults to no such route.
-    pub fn route_event_type(
-        mut self,
-        event_type: impl Into<String>,
-        queue: impl Into<String>,
-    ) -> Self {
-        self.routing
-            .by_event_type
-            .insert(event_type.into(), queue.into());
-        self
+        /// Send events of this event type to `queue` (URL or name); wins over an aggregate
+        /// type route, loses to the event's own destination. Defaults to no such route.
+        pub fn route_event_type(event_type, queue) => routing.queues.rules.insert_event_type;
     }
 
     /// Talk to this endpoint instead of AWS's (moto, LocalStack). Defaults to none.
@@ -293,12 +276,7 @@ impl SqsConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        let routes = self
-            .routing
-            .default_queue
-            .iter()
-            .chain(self.routing.by_aggregate_type.values());
-        for queue in routes.chain(self.routing.by_event_type.values()) {
+        for queue in self.routing.queues.named() {
             parse_target(queue)?;
         }
         if let Some(endpoint) = &self.endpoint {
@@ -360,7 +338,7 @@ mod tests {
             (ENV_TIMEOUT_MS, "2500"),
         ]))
         .unwrap();
-        assert_eq!(c.routing.default_queue.as_deref(), Some("orders.fifo"));
+        assert_eq!(c.routing.queues.default.as_deref(), Some("orders.fifo"));
         assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
         assert_eq!(c.region.as_deref(), Some("eu-west-1"));
         assert_eq!(c.timeout, Duration::from_millis(2500));
@@ -374,7 +352,7 @@ mod tests {
             toml::from_str("queue = \"file-q\"\nregion = \"eu-west-1\"\ntimeout = \"3s\"").unwrap();
         let settings = file.with_vars(vars(&[(ENV_QUEUE, "env-q")])).unwrap();
         let c = SqsConfig::from_settings(&settings);
-        assert_eq!(c.routing.default_queue.as_deref(), Some("env-q"));
+        assert_eq!(c.routing.queues.default.as_deref(), Some("env-q"));
         assert_eq!(c.region.as_deref(), Some("eu-west-1"));
         assert_eq!(c.timeout, Duration::from_secs(3));
     }

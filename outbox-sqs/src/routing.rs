@@ -1,20 +1,17 @@
 //! Which queue an event goes to.
 
-use std::collections::BTreeMap;
-
+use pgoutbox_core::routing::PrefixRouting;
 use pgoutbox_core::{Event, PublishError};
 
 use crate::error::{Error, Result};
 
 /// The routing rule, most specific first: the event's destination, a route for its
 /// event type, a route for its aggregate type, the default queue, and
-/// `<prefix><aggregate_type>`. Each target is a queue URL or a queue name.
+/// `<prefix><aggregate_type>` (the shared [`PrefixRouting`], of queues). Each target
+/// is a queue URL or a queue name.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Routing {
-    pub(crate) prefix: String,
-    pub(crate) default_queue: Option<String>,
-    pub(crate) by_aggregate_type: BTreeMap<String, String>,
-    pub(crate) by_event_type: BTreeMap<String, String>,
+    pub(crate) queues: PrefixRouting,
 }
 
 /// Where a message goes: a URL as configured, or a name to resolve.
@@ -27,20 +24,9 @@ pub(crate) enum Target {
 impl Routing {
     /// The rule as used by the publisher.
     pub(crate) fn compile(&self) -> Queues {
-        let template = match &self.default_queue {
-            Some(queue) => queue.clone(),
-            None => format!("{}{{aggregate_type}}", self.prefix),
-        };
-        let mut rules = pgoutbox_core::Routing::new(template);
-        for (aggregate_type, queue) in &self.by_aggregate_type {
-            rules = rules.aggregate_type(aggregate_type, queue);
-        }
-        for (event_type, queue) in &self.by_event_type {
-            rules = rules.event_type(event_type, queue);
-        }
         Queues {
-            default_queue: self.default_queue.clone(),
-            rules,
+            default_queue: self.queues.default.clone(),
+            rules: self.queues.compile(),
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use pgoutbox_postgres::Tables;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::{ConnectOptions, Connection, PgPool};
 
 use crate::config::DatabaseSettings;
 use crate::failure::Failure;
@@ -59,7 +59,9 @@ pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool,
         .map_err(|e| {
             Failure::runtime(format!("cannot connect to the database at {target}: {e}"))
         })?;
-    drop(probe);
+    // Closed, not dropped: a dropped connection's session may linger on the server
+    // next to the pool's, beyond `database.max_connections`.
+    let _ = probe.close().await;
     let max = match role {
         Role::Relay => db.max_connections,
         Role::Admin => 2,

@@ -228,6 +228,16 @@ kind = "stdout"
         ));
     }
 
+    // The admin commands' sessions are gone before the relay starts: from here on
+    // every `outbox` session on the test database is the relay's.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while relay_sessions(&admin).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the admin commands' sessions did not end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let relay = RelayProcess::start(&config.path);
     // The relay sessions on the test database, sampled until everything is
     // published: never above the budget.

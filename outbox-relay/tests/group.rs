@@ -78,12 +78,13 @@ async fn drop_database(admin: &PgPool, pool: PgPool, name: &str) {
         .unwrap();
 }
 
-/// Relay connections (`application_name` outbox) to the test database now.
-async fn relay_sessions(admin: &PgPool) -> i64 {
+/// Sessions named `application_name` on the test database now.
+async fn sessions_named(admin: &PgPool, application_name: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity \
-         WHERE application_name = 'outbox' AND datname = current_database()",
+         WHERE application_name = $1 AND datname = current_database()",
     )
+    .bind(application_name)
     .fetch_one(admin)
     .await
     .unwrap()
@@ -126,6 +127,18 @@ async fn one_process_relays_configured_outboxes_and_tenants_found_while_running(
         tenants.push(outbox_in(&here.pool, &format!("{prefix}_{i:02}")).await);
     }
     let port = free_port();
+    // The relay's sessions get a name of their own: other `outbox` sessions may be
+    // on the test database (a pooler keeps earlier tests' server connections).
+    let application_name = format!("relaygroup_{tag}");
+    let url = format!(
+        "{}{}application_name={application_name}",
+        database_url(),
+        if database_url().contains('?') {
+            '&'
+        } else {
+            '?'
+        }
+    );
     let config = Config::new(&format!(
         r#"{head}
 [[outbox]]
@@ -153,7 +166,7 @@ stats_refresh = "200ms"
 [broker]
 kind = "stdout"
 "#,
-        head = Config::head(&database_url(), "unused")
+        head = Config::head(&url, "unused")
             .replace("[tables]\nschema = \"unused\"\n", "")
             .replace(
                 "connect_timeout = \"5s\"\n",
@@ -228,13 +241,18 @@ kind = "stdout"
         ));
     }
 
-    // The admin commands' sessions are gone before the relay starts: from here on
-    // every `outbox` session on the test database is the relay's.
+    // The admin commands' sessions (named like the relay's: the same URL) are
+    // gone before the relay starts: from here on every session of that name is
+    // the relay's.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while relay_sessions(&admin).await > 0 {
+    loop {
+        let left = sessions_named(&admin, &application_name).await;
+        if left == 0 {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
-            "the admin commands' sessions did not end"
+            "{left} sessions of the admin commands did not end within 30 s"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -243,10 +261,10 @@ kind = "stdout"
     // published: never above the budget.
     let most = Arc::new(AtomicI64::new(0));
     let sampling = {
-        let (admin, most) = (admin.clone(), Arc::clone(&most));
+        let (admin, most, name) = (admin.clone(), Arc::clone(&most), application_name.clone());
         tokio::spawn(async move {
             loop {
-                most.fetch_max(relay_sessions(&admin).await, Ordering::Relaxed);
+                most.fetch_max(sessions_named(&admin, &name).await, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })

@@ -36,7 +36,8 @@ impl std::fmt::Debug for Member {
 }
 
 impl Member {
-    fn of(relay: &GroupRelay) -> Self {
+    /// What a process reports on about `relay`.
+    pub fn of(relay: &GroupRelay) -> Self {
         Self {
             name: relay.name().to_string(),
             store: relay.store().clone(),

@@ -210,15 +210,7 @@ impl Relays {
 
     fn members(&self) -> Members {
         match self {
-            Self::Single { relay, .. } => Members::new(
-                vec![Member {
-                    name: relay.name().to_string(),
-                    store: relay.store().clone(),
-                    liveness: relay.liveness(),
-                    broker_health: relay.broker_health(),
-                }],
-                None,
-            ),
+            Self::Single { relay, .. } => Members::new(vec![Member::of(relay)], None),
             Self::Group { group, tenants } => Members::new(group.members(), tenants.clone()),
         }
     }

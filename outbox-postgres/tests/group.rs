@@ -33,14 +33,10 @@ fn start(group: RelayGroup) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>
     spawn_until_stopped(|stopped| async move { group.run(stopped).await })
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
-    // The process's recorder: relays run on the runtime's worker threads. Only
-    // this test installs one; the sums below count this test's outboxes only.
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::set_global_recorder(recorder).unwrap();
-    let name = format!("group_test_{}", Uuid::new_v4().simple());
+/// A pool of [`BUDGET`] connections whose sessions carry an application name of
+/// their own (`prefix_<uuid>`, returned), to find them in `pg_stat_activity`.
+async fn budget_pool(prefix: &str) -> (String, sqlx::PgPool) {
+    let name = format!("{prefix}_{}", Uuid::new_v4().simple());
     let options = PgConnectOptions::from_str(&database_url())
         .unwrap()
         .application_name(&name);
@@ -49,6 +45,17 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
         .connect_with(options)
         .await
         .unwrap();
+    (name, pool)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
+    // The process's recorder: relays run on the runtime's worker threads. Only
+    // this test installs one; the sums below count this test's outboxes only.
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).unwrap();
+    let (name, pool) = budget_pool("group_test").await;
     let observer = testing::pool(1).await.unwrap();
 
     // 50 schemas, each with 3 aggregates x 4 events committed before the group starts.
@@ -362,4 +369,109 @@ async fn discovered_tenants_come_and_go_while_relayed() {
         .execute(&pool)
         .await
         .unwrap();
+}
+
+/// While relays wait, the shared probe asks on one session: PL/pgSQL compiles each
+/// outbox's probe function once per session, so a probe that took whichever pooled
+/// connection was free (sqlx hands idle connections out in turn) paid that on
+/// every connection. And a new event is still found by it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_shared_probe_keeps_one_session_while_relays_wait() {
+    let (name, pool) = budget_pool("group_probe").await;
+    // Every connection of the budget open and idle before the group starts.
+    let mut open = Vec::new();
+    for _ in 0..BUDGET {
+        open.push(pool.acquire().await.unwrap());
+    }
+    drop(open);
+    let observer = testing::pool(1).await.unwrap();
+    let mut outboxes = Vec::new();
+    let publisher = Arc::new(RecordingPublisher::new());
+    let mut group = RelayGroup::new();
+    for _ in 0..6 {
+        let outbox = TestOutbox::with_pool(pool.clone()).await.unwrap();
+        group.add(
+            outbox.store(),
+            Arc::clone(&publisher) as Arc<dyn DynPublisher>,
+            // Nothing but the probe uses the pool once the relays wait: no claim
+            // before the poll interval, no pending count after the first (six
+            // counts at once would leave the probe no other connection to keep).
+            RelayConfig::default()
+                .poll_interval(Duration::from_secs(30))
+                .pending_refresh(Duration::from_secs(3600)),
+        );
+        outboxes.push(outbox);
+    }
+    let (stop, running) = start(group);
+
+    // Once the relays' first claims and pending counts are over (the pool's other
+    // connections idle for 300 ms in a row: a busy pool makes the probe give its
+    // connection back), which sessions of the pool run a probe, sampled for a
+    // second of idling (the probe runs every 25 ms at most when nothing was found
+    // lately).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut idle_since = Instant::now();
+    while idle_since.elapsed() < Duration::from_millis(300) {
+        assert!(
+            Instant::now() < deadline,
+            "the relays' first claims did not end"
+        );
+        if pool.num_idle() < BUDGET as usize - 1 {
+            idle_since = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&observer)
+        .await
+        .unwrap();
+    let mut probing = HashSet::new();
+    for _ in 0..50 {
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
+             AND query LIKE '%probe_due%' AND query_start >= $2",
+        )
+        .bind(&name)
+        .bind(since)
+        .fetch_all(&observer)
+        .await
+        .unwrap();
+        probing.extend(pids);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sessions: Vec<(i32, String, String)> = sqlx::query_as(
+        "SELECT pid, coalesce(state, ''), left(query, 80) FROM pg_stat_activity \
+         WHERE application_name = $1 ORDER BY pid",
+    )
+    .bind(&name)
+    .fetch_all(&observer)
+    .await
+    .unwrap();
+    assert_eq!(
+        probing.len(),
+        1,
+        "probes ran on {} sessions of the pool; the probe keeps one (the pool's \
+         sessions: {sessions:?}; idle {})",
+        probing.len(),
+        pool.num_idle()
+    );
+
+    let event = NewEvent::new("order", "a", "order.created", &serde_json::json!({}));
+    outboxes[3]
+        .enqueue_committed(std::slice::from_ref(&event))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !publisher.published_ids().contains(&event.id) {
+        assert!(
+            Instant::now() < deadline,
+            "an idle outbox's new event was not published within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = stop.send(());
+    running.await.unwrap();
+    for outbox in outboxes {
+        outbox.drop_schema().await.unwrap();
+    }
 }

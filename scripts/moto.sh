@@ -26,6 +26,8 @@ urllib.request.urlopen(sys.argv[1] + "/moto-api/data.json", timeout=2).read()
 PY
 }
 
+_moto_stop() { service_stop MOTO_PID; }
+
 _moto_start() {
     local port="${OUTBOX_MOTO_PORT:-5000}"
     local url="http://127.0.0.1:${port}"
@@ -58,13 +60,4 @@ _moto_start() {
     esac
 }
 
-_moto_stop() {
-    service_stop MOTO_PID
-}
-
-if [ "${BASH_SOURCE[0]}" != "$0" ]; then
-    # Sourced: start in the background and chain our cleanup to the caller's EXIT trap.
-    service_sourced _moto_start _moto_stop || return 1
-    return 0
-fi
-service_main moto.sh _moto_start _moto_stop MOTO_PID OUTBOX_SQS_ENDPOINT "$@"
+service_run moto.sh _moto_start _moto_stop MOTO_PID OUTBOX_SQS_ENDPOINT "$@"

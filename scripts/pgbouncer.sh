@@ -32,13 +32,16 @@ _pgbouncer_answers() {
     timeout 5 psql "$1" -Atqc 'SELECT 1' >/dev/null 2>&1
 }
 
+# The process, and the folder with its configuration and log.
+_pgbouncer_stop() { service_stop PGBOUNCER_PID PGBOUNCER_DIR; }
+
 _pgbouncer_start() {
     local port="${OUTBOX_PGBOUNCER_PORT:-6433}"
     local url="postgres://postgres@127.0.0.1:${port}/test"
     export OUTBOX_PGBOUNCER_URL="$url"
     PGBOUNCER_PID=""
     PGBOUNCER_DIR=""
-    if timeout 1 bash -c ">/dev/tcp/127.0.0.1/$port" 2>/dev/null; then
+    if service_port_open "$port"; then
         if _pgbouncer_answers "$url"; then
             echo "pgbouncer.sh: reusing the PgBouncer at $url" >&2
             return 0
@@ -81,27 +84,9 @@ EOF
     local log="$PGBOUNCER_DIR/pgbouncer.log"
     "$bin" "${as_user[@]}" "$PGBOUNCER_DIR/pgbouncer.ini" >"$log" 2>&1 &
     PGBOUNCER_PID=$!
-    if service_wait PGBOUNCER_PID 10 _pgbouncer_answers "$url"; then
-        echo "pgbouncer.sh: PgBouncer (pid $PGBOUNCER_PID) answers at $url" >&2
-        return 0
-    fi
-    local why
-    why="$(tail -n 3 "$log" | tr '\n' ' ')"
-    _pgbouncer_stop
-    _pgbouncer_fail "PgBouncer does not answer at $url (its log: $why)"
+    service_await PGBOUNCER_PID 10 "$log" _pgbouncer_stop _pgbouncer_answers "$url" \
+        || { _pgbouncer_fail "PgBouncer does not answer at $url (its log: $SERVICE_LOG_TAIL)"; return 1; }
+    echo "pgbouncer.sh: PgBouncer (pid $PGBOUNCER_PID) answers at $url" >&2
 }
 
-_pgbouncer_stop() {
-    service_stop PGBOUNCER_PID
-    if [ -n "${PGBOUNCER_DIR:-}" ]; then
-        rm -rf "$PGBOUNCER_DIR"
-        PGBOUNCER_DIR=""
-    fi
-}
-
-if [ "${BASH_SOURCE[0]}" != "$0" ]; then
-    # Sourced: start in the background and chain our cleanup to the caller's EXIT trap.
-    service_sourced _pgbouncer_start _pgbouncer_stop || return 1
-    return 0
-fi
-service_main pgbouncer.sh _pgbouncer_start _pgbouncer_stop PGBOUNCER_PID OUTBOX_PGBOUNCER_URL "$@"
+service_run pgbouncer.sh _pgbouncer_start _pgbouncer_stop PGBOUNCER_PID OUTBOX_PGBOUNCER_URL "$@"

@@ -11,12 +11,13 @@
 #
 # Needs root (or the rabbitmq user) to write the broker's configuration.
 
+# shellcheck source=scripts/service.sh
+source "$(dirname "${BASH_SOURCE[0]}")/service.sh"
+
 _rabbitmq_tls_fail() {
     echo "rabbitmq-tls.sh: $*" >&2
     return 1
 }
-
-_rabbitmq_tls_port_open() { timeout 1 bash -c ">/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 
 _rabbitmq_tls_setup() {
     local conf="${RABBITMQ_CONFIG_FILE:-/etc/rabbitmq/rabbitmq.conf}"
@@ -47,17 +48,17 @@ _rabbitmq_tls_setup() {
         } >> "$conf" || { _rabbitmq_tls_fail "cannot write $conf"; return 1; }
         changed=1
     fi
-    if [ -n "$changed" ] || ! _rabbitmq_tls_port_open 5671; then
+    if [ -n "$changed" ] || ! service_port_open 5671; then
         echo "rabbitmq-tls.sh: restarting RabbitMQ to load its TLS listener" >&2
         rabbitmqctl stop >/dev/null 2>&1 || true
         local i
-        for i in $(seq 60); do _rabbitmq_tls_port_open 5672 || break; sleep 0.5; done
+        for i in $(seq 60); do service_port_open 5672 || break; sleep 0.5; done
         rabbitmq-server -detached >/dev/null 2>&1 || true
         for i in $(seq 120); do
-            if _rabbitmq_tls_port_open 5672 && _rabbitmq_tls_port_open 5671; then break; fi
+            if service_port_open 5672 && service_port_open 5671; then break; fi
             sleep 0.5
         done
-        _rabbitmq_tls_port_open 5671 || { _rabbitmq_tls_fail "RabbitMQ does not listen on 127.0.0.1:5671 after a restart (see its log)"; return 1; }
+        service_port_open 5671 || { _rabbitmq_tls_fail "RabbitMQ does not listen on 127.0.0.1:5671 after a restart (see its log)"; return 1; }
         # The AMQP port opens before the broker accepts logins: wait for one.
         for i in $(seq 60); do
             rabbitmqctl await_startup >/dev/null 2>&1 && break

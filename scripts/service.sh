@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# What the scripts that run a test service in the background (moto.sh, pgbouncer.sh)
-# share: how they behave sourced or run. Sourced by them; not run by itself.
+# What the scripts that run a test service in the background (moto.sh, pgbouncer.sh,
+# tansu.sh) share: how they wait for it, stop it, and behave sourced or run; and the
+# port probe that test.sh and rabbitmq-tls.sh use too. Sourced by them; not run by
+# itself.
 
-# service_stop PID_VARIABLE: stop the process whose pid the variable holds (started
-# by this shell), wait for it, and empty the variable. Never fails: it runs in EXIT
-# traps of `set -e` scripts, where a failure would skip the rest of the cleanup
-# (`wait` returns the killed process's status).
+# service_port_open PORT: something listens on 127.0.0.1:PORT.
+service_port_open() { timeout 1 bash -c ">/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+# service_stop PID_VARIABLE [PATH_VARIABLE]: stop the process whose pid the variable
+# holds (started by this shell), wait for it, and empty the variable; with
+# PATH_VARIABLE, also delete the file or folder it names (the service's scratch
+# space) and empty it. Never fails: it runs in EXIT traps of `set -e` scripts, where
+# a failure would skip the rest of the cleanup (`wait` returns the killed process's
+# status).
 service_stop() {
     local pid="${!1:-}"
     if [ -n "$pid" ]; then
@@ -13,6 +20,10 @@ service_stop() {
         wait "$pid" 2>/dev/null || true
     fi
     printf -v "$1" '%s' ''
+    if [ -n "${2:-}" ] && [ -n "${!2:-}" ]; then
+        rm -rf "${!2}"
+        printf -v "$2" '%s' ''
+    fi
 }
 
 # service_wait PID_VARIABLE SECONDS COMMAND...: poll COMMAND every 0.2 s until it
@@ -30,6 +41,19 @@ service_wait() {
         sleep 0.2
     done
     return 2
+}
+
+# service_await PID_VARIABLE SECONDS LOG STOP COMMAND...: wait for a service just
+# started (service_wait). When COMMAND does not succeed in time, stop the service
+# with STOP and fail (status 1), leaving the last lines of its LOG, on one line, in
+# SERVICE_LOG_TAIL for the caller's message (read first: STOP may delete LOG).
+service_await() {
+    local pid_var=$1 seconds=$2 log=$3 stop=$4
+    shift 4
+    if service_wait "$pid_var" "$seconds" "$@"; then return 0; fi
+    SERVICE_LOG_TAIL="$(tail -n 3 "$log" | tr '\n' ' ')"
+    "$stop"
+    return 1
 }
 
 # service_sourced START STOP: for a script that is sourced: start, and chain STOP
@@ -61,4 +85,17 @@ service_main() {
         echo "$name: $url_var=${!url_var}; Ctrl-C stops it" >&2
         wait "${!pid_var}"
     fi
+}
+
+# service_run NAME START STOP PID_VARIABLE URL_VARIABLE [COMMAND...]: the last line
+# of a service script. Sourced, it starts the service in the background
+# (service_sourced; the status of the `source`); run, it is service_main. Sourced
+# or run is told by the script that called this function (BASH_SOURCE[1]): run,
+# it is $0.
+service_run() {
+    if [ "${BASH_SOURCE[1]}" != "$0" ]; then
+        service_sourced "$2" "$3"
+        return
+    fi
+    service_main "$@"
 }

@@ -24,18 +24,19 @@ _tansu_fail() {
     return 1
 }
 
-_tansu_listening() { timeout 1 bash -c ">/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+# The process, and its log.
+_tansu_stop() { service_stop TANSU_PID TANSU_LOG; }
 
 _tansu_start() {
     local port="${OUTBOX_TANSU_PORT:-19092}"
-    local tools="${OUTBOX_TOOLS_DIR:-/var/cache/outbox-tools}"
     export OUTBOX_TANSU_BROKERS="127.0.0.1:$port"
     TANSU_PID=""
     TANSU_LOG=""
-    if _tansu_listening "$port"; then
+    if service_port_open "$port"; then
         _tansu_fail "something already listens on 127.0.0.1:$port; stop it or set OUTBOX_TANSU_PORT"
         return 1
     fi
+    local tools="${OUTBOX_TOOLS_DIR:-/var/cache/outbox-tools}"
     local bin="$tools/bin/tansu"
     if [ ! -x "$bin" ] || ! "$bin" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
         echo "tansu.sh: installing tansu $TANSU_VERSION into $tools (first time on this machine: 15-25 min)" >&2
@@ -49,27 +50,9 @@ _tansu_start() {
         --advertised-listener-url "tcp://127.0.0.1:$port" \
         --storage-engine memory://tansu/ >"$TANSU_LOG" 2>&1 &
     TANSU_PID=$!
-    if service_wait TANSU_PID 20 _tansu_listening "$port"; then
-        echo "tansu.sh: tansu (pid $TANSU_PID) listens on $OUTBOX_TANSU_BROKERS" >&2
-        return 0
-    fi
-    local why
-    why="$(tail -n 3 "$TANSU_LOG" | tr '\n' ' ')"
-    _tansu_stop
-    _tansu_fail "tansu does not listen on 127.0.0.1:$port (its log: $why)"
+    service_await TANSU_PID 20 "$TANSU_LOG" _tansu_stop service_port_open "$port" \
+        || { _tansu_fail "tansu does not listen on 127.0.0.1:$port (its log: $SERVICE_LOG_TAIL)"; return 1; }
+    echo "tansu.sh: tansu (pid $TANSU_PID) listens on $OUTBOX_TANSU_BROKERS" >&2
 }
 
-_tansu_stop() {
-    service_stop TANSU_PID
-    if [ -n "${TANSU_LOG:-}" ]; then
-        rm -f "$TANSU_LOG"
-        TANSU_LOG=""
-    fi
-}
-
-if [ "${BASH_SOURCE[0]}" != "$0" ]; then
-    # Sourced: start in the background and chain our cleanup to the caller's EXIT trap.
-    service_sourced _tansu_start _tansu_stop || return 1
-    return 0
-fi
-service_main tansu.sh _tansu_start _tansu_stop TANSU_PID OUTBOX_TANSU_BROKERS "$@"
+service_run tansu.sh _tansu_start _tansu_stop TANSU_PID OUTBOX_TANSU_BROKERS "$@"

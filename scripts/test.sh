@@ -11,17 +11,18 @@ export OUTBOX_AMQP_URL="${OUTBOX_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f
 
 say() { printf 'test.sh: %s\n' "$*" >&2; }
 
-# port_open PORT: something listens on 127.0.0.1:PORT.
-port_open() { timeout 1 bash -c ">/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+# service_port_open PORT: something listens on 127.0.0.1:PORT.
+# shellcheck source=scripts/service.sh
+source scripts/service.sh
 
 # need NAME PORT START_COMMAND: start NAME when its port is closed, wait up to 60 s.
 need() {
     local name=$1 port=$2 start=$3
-    if port_open "$port"; then return 0; fi
+    if service_port_open "$port"; then return 0; fi
     say "$name is not listening on 127.0.0.1:$port; starting it: $start"
     bash -c "$start" >/dev/null 2>&1 || true
     for _ in $(seq 60); do
-        if port_open "$port"; then say "$name is up"; return 0; fi
+        if service_port_open "$port"; then say "$name is up"; return 0; fi
         sleep 1
     done
     say "FAILED: $name is not reachable on 127.0.0.1:$port (tried: $start)"

@@ -58,22 +58,20 @@ mod tests {
 
     #[test]
     fn the_slowest_loop_counts_and_a_stopped_relay_has_no_answer() {
-        let liveness = Liveness::default();
         let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let liveness = Liveness::default();
         assert_eq!(liveness.stalled_for(t0), None);
         liveness.started(2, t0);
-        liveness.finished_cycle(0, t0 + Duration::from_secs(5));
+        liveness.finished_cycle(0, at(5));
         assert_eq!(
-            liveness.stalled_for(t0 + Duration::from_secs(6)),
+            liveness.stalled_for(at(6)),
             Some(Duration::from_secs(6)),
             "loop 1 has not finished a cycle since the start"
         );
-        liveness.finished_cycle(1, t0 + Duration::from_secs(6));
-        assert_eq!(
-            liveness.stalled_for(t0 + Duration::from_secs(7)),
-            Some(Duration::from_secs(2))
-        );
+        liveness.finished_cycle(1, at(6));
+        assert_eq!(liveness.stalled_for(at(7)), Some(Duration::from_secs(2)));
         liveness.stopped();
-        assert_eq!(liveness.stalled_for(t0 + Duration::from_secs(8)), None);
+        assert_eq!(liveness.stalled_for(at(8)), None);
     }
 }

@@ -199,6 +199,19 @@ impl RelayStats {
             store_errors: self.store_errors.load(Ordering::Relaxed),
         }
     }
+
+    /// Count what a recorded batch did.
+    fn count_batch(&self, report: &BatchReport) {
+        for (counter, events) in [
+            (&self.published, report.published),
+            (&self.retried, report.retried),
+            (&self.dead_lettered, report.dead_lettered),
+            (&self.held_back, report.held_back),
+            (&self.deferred, report.deferred),
+        ] {
+            counter.fetch_add(events as u64, Ordering::Relaxed);
+        }
+    }
 }
 
 /// What one batch did.
@@ -562,24 +575,10 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             .increment(report.published as u64);
         metrics::histogram!(telemetry::BATCH_DURATION, "outbox" => self.outbox.clone())
             .record(started.elapsed().as_secs_f64());
-        self.stats
-            .published
-            .fetch_add(report.published as u64, Ordering::Relaxed);
-        self.stats
-            .retried
-            .fetch_add(report.retried as u64, Ordering::Relaxed);
-        self.stats
-            .dead_lettered
-            .fetch_add(report.dead_lettered as u64, Ordering::Relaxed);
-        self.stats
-            .deferred
-            .fetch_add(report.deferred as u64, Ordering::Relaxed);
+        self.stats.count_batch(&report);
         if report.held_back > 0 {
             metrics::counter!(telemetry::EVENTS_HELD_BACK, "outbox" => self.outbox.clone())
                 .increment(report.held_back as u64);
-            self.stats
-                .held_back
-                .fetch_add(report.held_back as u64, Ordering::Relaxed);
         }
         tracing::debug!(
             published = report.published,

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pgoutbox_core::{RetentionAdmin, StoreError};
 use sqlx::PgPool;
 
 use crate::enqueue::Outbox;
@@ -113,22 +114,19 @@ impl Cleanup {
 }
 
 /// The binary's `cleanup` command goes through this trait.
-impl pgoutbox_core::RetentionAdmin for Cleanup {
+impl RetentionAdmin for Cleanup {
     async fn delete_published_older_than(
         &self,
         age: Duration,
-    ) -> std::result::Result<u64, pgoutbox_core::StoreError> {
+    ) -> std::result::Result<u64, StoreError> {
         self.processed_older_than(age)
             .await
-            .map_err(pgoutbox_core::StoreError::backend)
+            .map_err(StoreError::backend)
     }
 
-    async fn delete_inbox_older_than(
-        &self,
-        age: Duration,
-    ) -> std::result::Result<u64, pgoutbox_core::StoreError> {
+    async fn delete_inbox_older_than(&self, age: Duration) -> std::result::Result<u64, StoreError> {
         self.inbox_older_than(age)
             .await
-            .map_err(pgoutbox_core::StoreError::backend)
+            .map_err(StoreError::backend)
     }
 }

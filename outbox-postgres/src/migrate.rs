@@ -16,29 +16,31 @@ struct Migration {
     template: &'static str,
 }
 
+impl Migration {
+    const fn new(version: i32, name: &'static str, template: &'static str) -> Self {
+        Self {
+            version,
+            name,
+            template,
+        }
+    }
+}
+
 /// Every migration, in order. The SQL lives in the workspace's `migrations/` folder; the
 /// crate reaches it through its own `migrations` link, so that a packaged crate ships it.
 const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "outbox",
-        template: include_str!("../migrations/0001_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "notify_function",
-        template: include_str!("../migrations/0002_notify_function.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "holds",
-        template: include_str!("../migrations/0003_holds.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "probe_function",
-        template: include_str!("../migrations/0004_probe_function.sql"),
-    },
+    Migration::new(1, "outbox", include_str!("../migrations/0001_outbox.sql")),
+    Migration::new(
+        2,
+        "notify_function",
+        include_str!("../migrations/0002_notify_function.sql"),
+    ),
+    Migration::new(3, "holds", include_str!("../migrations/0003_holds.sql")),
+    Migration::new(
+        4,
+        "probe_function",
+        include_str!("../migrations/0004_probe_function.sql"),
+    ),
 ];
 
 /// The consumer inbox alone, for a service that consumes events and has no outbox

@@ -137,20 +137,6 @@ pub(crate) struct Sql {
 
     pub(crate) enqueue_one: String,
     pub(crate) enqueue_many: String,
-    /// WAL outbox: park events of the stream in the table, in the given order:
-    /// a failed one with its attempt, error and next attempt, a dead letter, or a
-    /// follower waiting behind them. A re-read event parks nothing twice.
-    #[cfg_attr(not(feature = "wal"), allow(dead_code))]
-    pub(crate) wal_park: String,
-    /// WAL outbox: whether an aggregate still has events in the table (pending or
-    /// dead), which the stream's later events of it must wait behind.
-    #[cfg_attr(not(feature = "wal"), allow(dead_code))]
-    pub(crate) wal_parked: String,
-    /// WAL outbox: every aggregate with events in the table, for a relay that
-    /// starts (or reconnects) and must not let the stream overtake them.
-    #[cfg_attr(not(feature = "wal"), allow(dead_code))]
-    pub(crate) wal_parked_all: String,
-
     pub(crate) claim_unordered: String,
     pub(crate) claim_aggregates: String,
     pub(crate) claim_runs: String,
@@ -193,6 +179,20 @@ pub(crate) struct Sql {
     pub(crate) notify_channel: String,
     pub(crate) create_notify_trigger: String,
     pub(crate) drop_notify_trigger: String,
+
+    /// WAL outbox: park events of the stream in the table, in the given order:
+    /// a failed one with its attempt, error and next attempt, a dead letter, or a
+    /// follower waiting behind them. A re-read event parks nothing twice.
+    #[cfg_attr(not(feature = "wal"), allow(dead_code))]
+    pub(crate) wal_park: String,
+    /// WAL outbox: whether an aggregate still has events in the table (pending or
+    /// dead), which the stream's later events of it must wait behind.
+    #[cfg_attr(not(feature = "wal"), allow(dead_code))]
+    pub(crate) wal_parked: String,
+    /// WAL outbox: every aggregate with events in the table, for a relay that
+    /// starts (or reconnects) and must not let the stream overtake them.
+    #[cfg_attr(not(feature = "wal"), allow(dead_code))]
+    pub(crate) wal_parked_all: String,
 }
 
 impl Sql {
@@ -339,29 +339,6 @@ impl Sql {
                  $6::text[], $7::text[], $8::timestamptz[]) WITH ORDINALITY \
                  AS u(id, aggregate_type, aggregate_id, event_type, payload, headers, \
                  destination, available_at, n) ORDER BY u.n"
-            ),
-
-            wal_park: format!(
-                "INSERT INTO {events} (id, aggregate_type, aggregate_id, event_type, payload, \
-                 headers, destination, created_at, attempts, available_at, dead_at, last_error) \
-                 SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::jsonb, \
-                 u.headers::jsonb, u.destination, u.created_at, u.attempts, \
-                 now() + u.delay_ms * interval '1 millisecond', \
-                 CASE WHEN u.dead THEN now() END, u.last_error \
-                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
-                 $6::text[], $7::text[], $8::timestamptz[], $9::int[], $10::bigint[], \
-                 $11::bool[], $12::text[]) WITH ORDINALITY \
-                 AS u(id, aggregate_type, aggregate_id, event_type, payload, headers, \
-                 destination, created_at, attempts, delay_ms, dead, last_error, n) \
-                 ORDER BY u.n ON CONFLICT (id) DO NOTHING"
-            ),
-            wal_parked: format!(
-                "SELECT EXISTS (SELECT 1 FROM {events} \
-                 WHERE aggregate_type = $1 AND aggregate_id = $2 AND processed_at IS NULL)"
-            ),
-            wal_parked_all: format!(
-                "SELECT DISTINCT aggregate_type, aggregate_id FROM {events} \
-                 WHERE processed_at IS NULL"
             ),
 
             claim_unordered: format!(
@@ -565,6 +542,29 @@ impl Sql {
             ),
             drop_notify_trigger: format!("DROP TRIGGER IF EXISTS {notify_trigger} ON {events}"),
             notify_channel,
+
+            wal_park: format!(
+                "INSERT INTO {events} (id, aggregate_type, aggregate_id, event_type, payload, \
+                 headers, destination, created_at, attempts, available_at, dead_at, last_error) \
+                 SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::jsonb, \
+                 u.headers::jsonb, u.destination, u.created_at, u.attempts, \
+                 now() + u.delay_ms * interval '1 millisecond', \
+                 CASE WHEN u.dead THEN now() END, u.last_error \
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                 $6::text[], $7::text[], $8::timestamptz[], $9::int[], $10::bigint[], \
+                 $11::bool[], $12::text[]) WITH ORDINALITY \
+                 AS u(id, aggregate_type, aggregate_id, event_type, payload, headers, \
+                 destination, created_at, attempts, delay_ms, dead, last_error, n) \
+                 ORDER BY u.n ON CONFLICT (id) DO NOTHING"
+            ),
+            wal_parked: format!(
+                "SELECT EXISTS (SELECT 1 FROM {events} \
+                 WHERE aggregate_type = $1 AND aggregate_id = $2 AND processed_at IS NULL)"
+            ),
+            wal_parked_all: format!(
+                "SELECT DISTINCT aggregate_type, aggregate_id FROM {events} \
+                 WHERE processed_at IS NULL"
+            ),
         }
     }
 

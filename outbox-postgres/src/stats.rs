@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use pgoutbox_core::{OutboxStats, StatsAdmin, StoreError};
-use sqlx::Row;
+use sqlx::{PgConnection, Row};
 
 use crate::error::Result;
 use crate::store::PgStore;
@@ -46,32 +46,35 @@ impl PgStore {
         let persistent = self.outbox().persistent();
         let probe = i64::from(limit) + 1;
         let mut tx = self.pool().begin().await?;
-        let due: i64 = sqlx::query_scalar(&sql.count_due)
-            .bind(probe)
-            .persistent(persistent)
-            .fetch_one(&mut *tx)
-            .await?;
-        if due > i64::from(limit) {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        if self.config().ordering {
-            let held: i64 = sqlx::query_scalar(&sql.count_due_in_locked_aggregates)
-                .bind(probe)
-                .persistent(persistent)
-                .fetch_one(&mut *tx)
-                .await?;
-            tx.rollback().await?;
-            return Ok(Some(u64::try_from(held).unwrap_or(0)));
-        }
-        let unlocked: i64 = sqlx::query_scalar(&sql.count_due_unlocked)
-            .bind(probe)
-            .persistent(persistent)
-            .fetch_one(&mut *tx)
-            .await?;
+        let due = count_due(&mut tx, &sql.count_due, probe, persistent).await?;
+        let in_flight = if due > i64::from(limit) {
+            None
+        } else if self.config().ordering {
+            let statement = &sql.count_due_in_locked_aggregates;
+            Some(count_due(&mut tx, statement, probe, persistent).await?)
+        } else {
+            let statement = &sql.count_due_unlocked;
+            Some(due - count_due(&mut tx, statement, probe, persistent).await?)
+        };
         tx.rollback().await?;
-        Ok(Some(u64::try_from(due - unlocked).unwrap_or(0)))
+        Ok(in_flight.map(|n| u64::try_from(n).unwrap_or(0)))
     }
+}
+
+/// Run one of the `count_due*` statements: they look at `probe` due events at most
+/// (`limit + 1`: enough to tell that more than `limit` are due), so that probing
+/// stays cheap however long the backlog.
+async fn count_due(
+    connection: &mut PgConnection,
+    statement: &str,
+    probe: i64,
+    persistent: bool,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar(statement)
+        .bind(probe)
+        .persistent(persistent)
+        .fetch_one(connection)
+        .await?)
 }
 
 /// The binary's `stats` command and gauges go through this trait.

@@ -190,7 +190,7 @@ pub(crate) async fn check(
     pools.close().await;
     let name = broker.name().to_string();
     let publisher = broker.build(Prepare::No).await?;
-    let limit = settings.check_timeout;
+    let limit = settings.http.check_timeout;
     match tokio::time::timeout(limit, Publisher::check(&publisher)).await {
         Ok(Ok(())) => {
             println!("broker    ok: {name} reachable");
@@ -352,6 +352,19 @@ impl FilterArgs {
     }
 }
 
+/// Options of the `dead-letters` subcommands that change them (`retry`, `purge`).
+#[derive(Debug, clap::Args)]
+pub(crate) struct ChangeArgs {
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Print what would change; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Do not ask for confirmation.
+    #[arg(long, short)]
+    yes: bool,
+}
+
 /// `outbox dead-letters ...`.
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum DeadLettersCommand {
@@ -377,34 +390,19 @@ pub(crate) enum DeadLettersCommand {
         #[arg(long)]
         full: bool,
     },
+    // Each says in the help of --dry-run what it would change.
     /// Make dead letters publishable again (attempts reset, due now).
-    Retry {
-        #[command(flatten)]
-        filter: FilterArgs,
-        /// Print what would be retried; change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Do not ask for confirmation.
-        #[arg(long, short)]
-        yes: bool,
-    },
+    #[command(mut_arg("dry_run", |a| a.help("Print what would be retried; change nothing")))]
+    Retry(ChangeArgs),
     /// Delete dead letters for good.
-    Purge {
-        #[command(flatten)]
-        filter: FilterArgs,
-        /// Print what would be deleted; change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Do not ask for confirmation.
-        #[arg(long, short)]
-        yes: bool,
-    },
+    #[command(mut_arg("dry_run", |a| a.help("Print what would be deleted; change nothing")))]
+    Purge(ChangeArgs),
 }
 
 /// Run a `dead-letters` subcommand on each outbox (`show`: the one holding the id).
 pub(crate) async fn dead_letters(
     settings: &Settings,
-    command: DeadLettersCommand,
+    command: &DeadLettersCommand,
     selector: Option<&str>,
 ) -> Result<(), Failure> {
     let (pools, targets) = migrated_targets(settings, selector).await?;
@@ -413,7 +411,7 @@ pub(crate) async fn dead_letters(
         DeadLetters::new(target.pool.clone(), store.outbox())
     };
     let result = async {
-        match &command {
+        match command {
             DeadLettersCommand::Show { id, json, full } => {
                 for target in &targets {
                     if show(&admin_of(target), &target.name, *id, *json, *full).await? {
@@ -442,23 +440,14 @@ pub(crate) async fn dead_letters(
                 }
                 Ok(())
             }
-            DeadLettersCommand::Retry {
-                filter,
-                dry_run,
-                yes,
-            }
-            | DeadLettersCommand::Purge {
-                filter,
-                dry_run,
-                yes,
-            } => {
-                let kind = match &command {
-                    DeadLettersCommand::Retry { .. } => Change::Retry,
+            DeadLettersCommand::Retry(args) | DeadLettersCommand::Purge(args) => {
+                let kind = match command {
+                    DeadLettersCommand::Retry(_) => Change::Retry,
                     _ => Change::Purge,
                 };
                 for target in &targets {
                     heading(&targets, target);
-                    change(&admin_of(target), &filter.filter(), kind, *dry_run, *yes).await?;
+                    change(&admin_of(target), kind, args).await?;
                 }
                 Ok(())
             }
@@ -574,15 +563,15 @@ enum Change {
 
 async fn change(
     admin: &impl DeadLetterAdmin,
-    filter: &DeadLetterFilter,
     change: Change,
-    dry_run: bool,
-    yes: bool,
+    args: &ChangeArgs,
 ) -> Result<(), Failure> {
     let (verb, done) = match change {
         Change::Retry => ("retry", "retried (publishable again)"),
         Change::Purge => ("purge", "purged (deleted)"),
     };
+    let filter = args.filter.filter();
+    let filter = &filter;
     let n = admin
         .count(filter)
         .await
@@ -595,19 +584,18 @@ async fn change(
         .list(filter, PREVIEW)
         .await
         .map_err(failure::store("dead letters"))?;
-    if dry_run {
+    if args.dry_run || !args.yes {
+        // What would change: the first dead letters, and how many more.
         print_table(&preview);
         if n > preview.len() as u64 {
             println!("... and {} more", n - preview.len() as u64);
         }
+    }
+    if args.dry_run {
         println!("dry run: would {verb} {n} dead letter(s); nothing changed");
         return Ok(());
     }
-    if !yes {
-        print_table(&preview);
-        if n > preview.len() as u64 {
-            println!("... and {} more", n - preview.len() as u64);
-        }
+    if !args.yes {
         confirm(&format!("{verb} {n} dead letter(s)?"))?;
     }
     let affected = match change {

@@ -45,27 +45,66 @@ impl<'de> Deserialize<'de> for PublishedRetention {
     }
 }
 
-/// The whole file. Every section and key is optional.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct FileConfig {
-    pub(crate) database: DatabaseSection,
-    /// `[tables]`: the one outbox, when no `[[outbox]]` lists several.
-    pub(crate) tables: Option<TablesSection>,
-    /// `[[outbox]]`: several outboxes relayed by one process.
-    #[serde(rename = "outbox")]
-    pub(crate) outboxes: Vec<OutboxSection>,
-    /// `[tenants]`: every schema matching a pattern, found while the relay runs.
-    pub(crate) tenants: Option<TenantsSection>,
-    pub(crate) relay: RelaySection,
-    /// `[retry]`: the core's own type.
-    pub(crate) retry: RetryPolicy,
-    pub(crate) retention: RetentionSection,
-    pub(crate) http: HttpSection,
-    pub(crate) broker: BrokerSection,
-    pub(crate) routing: RoutingSection,
-    pub(crate) envelope: EnvelopeSection,
-    pub(crate) wal: WalSection,
+/// A section of the file (or the whole file), each key written once with its type
+/// and its default (`Default::default()` when none is given): the struct (a missing
+/// key takes its default, an unknown key is an error) and its `Default`.
+macro_rules! section {
+    (
+        $(#[$attr:meta])*
+        $name:ident {
+            $(
+                $(#[$key_attr:meta])*
+                $key:ident: $type:ty $(= $default:expr)?,
+            )*
+        }
+    ) => {
+        $(#[$attr])*
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub(crate) struct $name {
+            $(
+                $(#[$key_attr])*
+                pub(crate) $key: $type,
+            )*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self {
+                    $($key: section!(@default $($default)?),)*
+                }
+            }
+        }
+    };
+    (@default) => {
+        Default::default()
+    };
+    (@default $default:expr) => {
+        $default
+    };
+}
+
+section! {
+    /// The whole file. Every section and key is optional.
+    FileConfig {
+        database: DatabaseSection,
+        /// `[tables]`: the one outbox, when no `[[outbox]]` lists several.
+        tables: Option<TablesSection>,
+        /// `[[outbox]]`: several outboxes relayed by one process.
+        #[serde(rename = "outbox")]
+        outboxes: Vec<OutboxSection>,
+        /// `[tenants]`: every schema matching a pattern, found while the relay runs.
+        tenants: Option<TenantsSection>,
+        relay: RelaySection,
+        /// `[retry]`: the core's own type.
+        retry: RetryPolicy,
+        retention: RetentionSection,
+        http: HttpSection,
+        broker: BrokerSection,
+        routing: RoutingSection,
+        envelope: EnvelopeSection,
+        wal: WalSection,
+    }
 }
 
 /// One `[[outbox]]` entry: an outbox of a process that relays several.
@@ -123,14 +162,14 @@ pub(crate) struct TenantsSettings {
     pub(crate) relay: RelayConfig,
 }
 
-/// `[wal]`: the table-less outbox, read from a logical replication slot.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct WalSection {
-    pub(crate) enabled: bool,
-    pub(crate) slot: Option<String>,
-    pub(crate) publication: Option<String>,
-    pub(crate) replication_url: Option<String>,
+section! {
+    /// `[wal]`: the table-less outbox, read from a logical replication slot.
+    WalSection {
+        enabled: bool,
+        slot: Option<String>,
+        publication: Option<String>,
+        replication_url: Option<String>,
+    }
 }
 
 /// The WAL outbox's settings, when `[wal] enabled`.
@@ -142,55 +181,32 @@ pub(crate) struct WalSettings {
     pub(crate) replication_url: Option<String>,
 }
 
-/// `[envelope]`: how the built-in brokers encode events (outbox or CloudEvents).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct EnvelopeSection {
-    pub(crate) format: Option<String>,
-    pub(crate) source: Option<String>,
-    pub(crate) subject: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct DatabaseSection {
-    pub(crate) url: Option<String>,
-    /// A file holding the password (a mounted secret); replaces one in the URL.
-    pub(crate) password_file: Option<PathBuf>,
-    pub(crate) max_connections: Option<u32>,
-    pub(crate) connect_timeout: Dur,
-    pub(crate) claim_timeout: Dur,
-    pub(crate) pgbouncer: bool,
-}
-
-impl Default for DatabaseSection {
-    fn default() -> Self {
-        Self {
-            url: None,
-            password_file: None,
-            max_connections: None,
-            connect_timeout: Dur::secs(10),
-            claim_timeout: Dur::secs(120),
-            pgbouncer: false,
-        }
+section! {
+    /// `[envelope]`: how the built-in brokers encode events (outbox or CloudEvents).
+    EnvelopeSection {
+        format: Option<String>,
+        source: Option<String>,
+        subject: Option<String>,
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct TablesSection {
-    pub(crate) schema: String,
-    pub(crate) events_table: String,
-    pub(crate) inbox_table: String,
+section! {
+    DatabaseSection {
+        url: Option<String> = None,
+        /// A file holding the password (a mounted secret); replaces one in the URL.
+        password_file: Option<PathBuf> = None,
+        max_connections: Option<u32> = None,
+        connect_timeout: Dur = Dur::secs(10),
+        claim_timeout: Dur = Dur::secs(120),
+        pgbouncer: bool = false,
+    }
 }
 
-impl Default for TablesSection {
-    fn default() -> Self {
-        Self {
-            schema: "public".into(),
-            events_table: "outbox_events".into(),
-            inbox_table: "processed_events".into(),
-        }
+section! {
+    TablesSection {
+        schema: String = "public".into(),
+        events_table: String = "outbox_events".into(),
+        inbox_table: String = "processed_events".into(),
     }
 }
 
@@ -213,86 +229,43 @@ pub(crate) enum WakeupMode {
     Notify,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct RelaySection {
-    pub(crate) batch_size: usize,
-    pub(crate) workers: usize,
-    pub(crate) poll_interval: Dur,
-    pub(crate) publish_timeout: Dur,
-    pub(crate) ordering: bool,
-    pub(crate) after_dead_letter: AfterDead,
-    pub(crate) pending_refresh: Dur,
-    pub(crate) error_backoff: Dur,
-    pub(crate) broker_probe_max: Dur,
-    pub(crate) event_type_labels: usize,
-    pub(crate) shutdown_timeout: Dur,
-    pub(crate) wakeup: WakeupMode,
-    pub(crate) notify_url: Option<String>,
-    pub(crate) synchronous_commit: bool,
-}
-
-impl Default for RelaySection {
-    fn default() -> Self {
-        let core = RelayConfig::default();
-        Self {
-            batch_size: core.batch_size,
-            workers: core.workers,
-            poll_interval: Dur(core.poll_interval),
-            publish_timeout: Dur(core.publish_timeout),
-            ordering: true,
-            after_dead_letter: AfterDead::Block,
-            pending_refresh: Dur(core.pending_refresh),
-            error_backoff: Dur(core.error_backoff),
-            broker_probe_max: Dur(core.broker_probe_max),
-            event_type_labels: core.event_type_labels,
-            shutdown_timeout: Dur::secs(30),
-            wakeup: WakeupMode::Adaptive,
-            notify_url: None,
-            synchronous_commit: StoreConfig::default().synchronous_commit,
-        }
+section! {
+    /// `[relay]`; the defaults of the limits and timings are the core's.
+    RelaySection {
+        batch_size: usize = RelayConfig::default().batch_size,
+        workers: usize = RelayConfig::default().workers,
+        poll_interval: Dur = Dur(RelayConfig::default().poll_interval),
+        publish_timeout: Dur = Dur(RelayConfig::default().publish_timeout),
+        ordering: bool = true,
+        after_dead_letter: AfterDead = AfterDead::Block,
+        pending_refresh: Dur = Dur(RelayConfig::default().pending_refresh),
+        error_backoff: Dur = Dur(RelayConfig::default().error_backoff),
+        broker_probe_max: Dur = Dur(RelayConfig::default().broker_probe_max),
+        event_type_labels: usize = RelayConfig::default().event_type_labels,
+        shutdown_timeout: Dur = Dur::secs(30),
+        wakeup: WakeupMode = WakeupMode::Adaptive,
+        notify_url: Option<String> = None,
+        synchronous_commit: bool = StoreConfig::default().synchronous_commit,
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct RetentionSection {
-    pub(crate) published: PublishedRetention,
-    pub(crate) cleanup_interval: Dur,
-    pub(crate) cleanup_batch_size: u32,
-    pub(crate) inbox: Option<Dur>,
-}
-
-impl Default for RetentionSection {
-    fn default() -> Self {
-        Self {
-            published: PublishedRetention(Retention::Delete),
-            cleanup_interval: Dur::secs(300),
-            cleanup_batch_size: 1000,
-            inbox: None,
-        }
+section! {
+    RetentionSection {
+        published: PublishedRetention = PublishedRetention(Retention::Delete),
+        cleanup_interval: Dur = Dur::secs(300),
+        cleanup_batch_size: u32 = 1000,
+        inbox: Option<Dur> = None,
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct HttpSection {
-    pub(crate) listen: String,
-    pub(crate) stats_refresh: Dur,
-    pub(crate) check_timeout: Dur,
-    /// `/healthz` fails once a claim loop has not finished a cycle for this long.
-    /// Default: `relay.publish_timeout + relay.poll_interval + 60s`.
-    pub(crate) stuck_after: Option<Dur>,
-}
-
-impl Default for HttpSection {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:9187".into(),
-            stats_refresh: Dur::secs(15),
-            check_timeout: Dur::secs(2),
-            stuck_after: None,
-        }
+section! {
+    HttpSection {
+        listen: String = "127.0.0.1:9187".into(),
+        stats_refresh: Dur = Dur::secs(15),
+        check_timeout: Dur = Dur::secs(2),
+        /// `/healthz` fails once a claim loop has not finished a cycle for this long.
+        /// Default: `relay.publish_timeout + relay.poll_interval + 60s`.
+        stuck_after: Option<Dur> = None,
     }
 }
 
@@ -337,13 +310,13 @@ impl Default for BrokerSection {
     }
 }
 
-/// `[routing]`: destination by event type, then by aggregate type; an event's own
-/// `destination` wins over both.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct RoutingSection {
-    pub(crate) event_type: BTreeMap<String, String>,
-    pub(crate) aggregate_type: BTreeMap<String, String>,
+section! {
+    /// `[routing]`: destination by event type, then by aggregate type; an event's own
+    /// `destination` wins over both.
+    RoutingSection {
+        event_type: BTreeMap<String, String>,
+        aggregate_type: BTreeMap<String, String>,
+    }
 }
 
 /// Connection settings.
@@ -374,6 +347,16 @@ pub(crate) struct RetentionSettings {
     pub(crate) inbox: Option<Duration>,
 }
 
+/// `[http]` as the commands use it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HttpSettings {
+    /// `None`: no HTTP endpoint.
+    pub(crate) listen: Option<SocketAddr>,
+    pub(crate) stats_refresh: Duration,
+    pub(crate) check_timeout: Duration,
+    pub(crate) stuck_after: Duration,
+}
+
 /// Everything validated.
 #[derive(Debug)]
 pub(crate) struct Settings {
@@ -385,10 +368,7 @@ pub(crate) struct Settings {
     pub(crate) wakeup: Wakeup,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) retention: RetentionSettings,
-    pub(crate) listen: Option<SocketAddr>,
-    pub(crate) stats_refresh: Duration,
-    pub(crate) check_timeout: Duration,
-    pub(crate) stuck_after: Duration,
+    pub(crate) http: HttpSettings,
     pub(crate) broker: BrokerSection,
     pub(crate) routing: RoutingSection,
     pub(crate) envelope: Envelope,
@@ -764,10 +744,12 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
             cleanup_batch_size: file.retention.cleanup_batch_size.max(1),
             inbox: file.retention.inbox.map(|d| d.0),
         },
-        listen,
-        stats_refresh: file.http.stats_refresh.0,
-        check_timeout: file.http.check_timeout.0,
-        stuck_after,
+        http: HttpSettings {
+            listen,
+            stats_refresh: file.http.stats_refresh.0,
+            check_timeout: file.http.check_timeout.0,
+            stuck_after,
+        },
         broker: file.broker,
         routing: file.routing,
         envelope,
@@ -909,10 +891,10 @@ mod tests {
     fn defaults_are_valid() {
         let s = validate(FileConfig::default()).unwrap();
         assert_eq!(s.relay.batch_size, 200);
-        assert_eq!(s.listen, Some("127.0.0.1:9187".parse().unwrap()));
+        assert_eq!(s.http.listen, Some("127.0.0.1:9187".parse().unwrap()));
         assert!(s.database().is_err());
         assert_eq!(s.broker.kind, "stdout");
-        assert_eq!(s.stuck_after, Duration::from_millis(90_100));
+        assert_eq!(s.http.stuck_after, Duration::from_millis(90_100));
     }
 
     #[test]
@@ -964,7 +946,7 @@ mod tests {
             s.retention.published,
             Retention::Keep(Duration::from_secs(7 * 86400))
         );
-        assert_eq!(s.listen, None);
+        assert_eq!(s.http.listen, None);
         assert!(parse_str("[retention]\npublished = \"forever\"\n")
             .unwrap_err()
             .contains("delete"));
@@ -1018,8 +1000,8 @@ mod tests {
         assert!(s.database().is_ok());
         assert_eq!(format!("{:?}", s.relay), format!("{:?}", d.relay));
         assert_eq!(s.store, d.store);
-        assert_eq!(s.listen, d.listen);
-        assert_eq!(s.stuck_after, d.stuck_after);
+        assert_eq!(s.http.listen, d.http.listen);
+        assert_eq!(s.http.stuck_after, d.http.stuck_after);
     }
 
     #[test]

@@ -110,14 +110,7 @@ async fn live(State(endpoint): State<Endpoint>) -> impl IntoResponse {
             })
         })
         .collect();
-    if stuck.is_empty() {
-        (StatusCode::OK, "ok\n".to_string())
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("{}\n", stuck.join("\n")),
-        )
-    }
+    probe_answer(&stuck, "ok", "", "\n")
 }
 
 fn round_to_ms(d: Duration) -> Duration {
@@ -174,12 +167,23 @@ async fn ready(State(endpoint): State<Endpoint>) -> impl IntoResponse {
         .filter_map(Result::err)
         .chain(outages)
         .collect();
+    probe_answer(&problems, "ready", "not ready: ", "; ")
+}
+
+/// A probe's answer: `200` and `ok` when there are no `problems`, else `503` and the
+/// problems after `prefix`, joined by `separator`; the body ends with a newline.
+fn probe_answer(
+    problems: &[String],
+    ok: &str,
+    prefix: &str,
+    separator: &str,
+) -> (StatusCode, String) {
     if problems.is_empty() {
-        (StatusCode::OK, "ready\n".to_string())
+        (StatusCode::OK, format!("{ok}\n"))
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", problems.join("; ")),
+            format!("{prefix}{}\n", problems.join(separator)),
         )
     }
 }

@@ -193,7 +193,7 @@ fn run(cli: Cli, custom: &CustomBrokers) -> Result<(), Failure> {
             }
             (Command::Migrate(args), _) => admin::migrate(&settings, &args, selector).await,
             (Command::DeadLetters(command), _) => {
-                admin::dead_letters(&settings, command, selector).await
+                admin::dead_letters(&settings, &command, selector).await
             }
             (Command::Stats { json }, _) => admin::stats(&settings, json, selector).await,
             (Command::Cleanup, _) => admin::cleanup(&settings, selector).await,

@@ -1,6 +1,7 @@
 //! `outbox relay`: the relay, its HTTP endpoint, the stats gauges and retention
 //! cleanup, until SIGTERM or SIGINT.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ use crate::targets::{self, Pools, Target};
 pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure> {
     let mut signals = Signals::watch();
     // Bind first: a taken port or a wrong address fails before anything else starts.
-    let listener = match settings.listen {
+    let listener = match settings.http.listen {
         Some(addr) => Some(http::bind(addr).await?),
         None => None,
     };
@@ -56,8 +57,8 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
             pools.all(),
             Arc::clone(&publisher),
             http::Probes {
-                check_timeout: settings.check_timeout,
-                stuck_after: settings.stuck_after,
+                check_timeout: settings.http.check_timeout,
+                stuck_after: settings.http.stuck_after,
                 members: members.clone(),
             },
             stopped(stop_rx.clone()),
@@ -67,7 +68,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     tasks.spawn(refresh_stats(
         members.clone(),
         settings.wal.as_ref().map(|wal| wal.slot.clone()),
-        settings.stats_refresh,
+        settings.http.stats_refresh,
         stop_rx.clone(),
     ));
     if matches!(settings.retention.published, Retention::Keep(_))
@@ -328,85 +329,100 @@ impl Signals {
     }
 }
 
+/// Run `tick` every `period` (first after one period) until `stop` turns true. A
+/// tick in progress runs to its end: `stop` is looked at between ticks.
+async fn every<F: Future<Output = ()>>(
+    period: Duration,
+    stop: watch::Receiver<bool>,
+    mut tick: impl FnMut() -> F,
+) {
+    let stop = stopped(stop);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(period) => {}
+        }
+        tick().await;
+    }
+}
+
 /// Keep the exporter's histograms drained while nobody scrapes.
 async fn upkeep(
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     stop: watch::Receiver<bool>,
 ) {
-    let stop = stopped(stop);
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            () = &mut stop => return,
-            () = tokio::time::sleep(Duration::from_secs(5)) => metrics.run_upkeep(),
-        }
-    }
+    every(Duration::from_secs(5), stop, || async {
+        metrics.run_upkeep()
+    })
+    .await;
 }
 
-/// Dead letters and oldest pending age of each outbox, for alerts.
+/// Dead letters and oldest pending age of each outbox, for alerts: now, then
+/// every `period`.
 async fn refresh_stats(
     members: Members,
     wal_slot: Option<pgoutbox_postgres::Ident>,
-    every: Duration,
+    period: Duration,
     stop: watch::Receiver<bool>,
 ) {
-    let stop = stopped(stop);
-    tokio::pin!(stop);
-    loop {
-        for member in members.now() {
-            let outbox = member.name;
-            match member.store.stats().await {
-                Ok(stats) => {
-                    metrics::gauge!(exporter::DEAD_LETTERS, "outbox" => outbox.clone())
-                        .set(stats.dead_letters as f64);
-                    metrics::gauge!(exporter::OLDEST_PENDING_AGE, "outbox" => outbox.clone())
-                        .set(stats.oldest_pending_age.as_secs_f64());
-                }
-                Err(error) => tracing::warn!(%error, %outbox, "cannot read outbox stats"),
+    let refresh = || refresh_stats_once(&members, wal_slot.as_ref());
+    refresh().await;
+    every(period, stop, refresh).await;
+}
+
+/// One refresh of the stats gauges of every outbox.
+async fn refresh_stats_once(members: &Members, wal_slot: Option<&pgoutbox_postgres::Ident>) {
+    for member in members.now() {
+        let outbox = member.name;
+        match member.store.stats().await {
+            Ok(stats) => {
+                metrics::gauge!(exporter::DEAD_LETTERS, "outbox" => outbox.clone())
+                    .set(stats.dead_letters as f64);
+                metrics::gauge!(exporter::OLDEST_PENDING_AGE, "outbox" => outbox.clone())
+                    .set(stats.oldest_pending_age.as_secs_f64());
             }
-            if let Some(name) = &wal_slot {
-                match slot::lag_bytes(member.store.pool(), name).await {
-                    Ok(Some(bytes)) => {
-                        metrics::gauge!(exporter::WAL_SLOT_LAG, "outbox" => outbox.clone())
-                            .set(bytes as f64);
-                    }
-                    Ok(None) => tracing::warn!(slot = %name, "the WAL outbox's slot is gone"),
-                    Err(error) => tracing::warn!(%error, "cannot read the WAL slot's lag"),
-                }
-            }
+            Err(error) => tracing::warn!(%error, %outbox, "cannot read outbox stats"),
         }
-        tokio::select! {
-            () = &mut stop => return,
-            () = tokio::time::sleep(every) => {}
+        if let Some(name) = wal_slot {
+            match slot::lag_bytes(member.store.pool(), name).await {
+                Ok(Some(bytes)) => {
+                    metrics::gauge!(exporter::WAL_SLOT_LAG, "outbox" => outbox.clone())
+                        .set(bytes as f64);
+                }
+                Ok(None) => tracing::warn!(slot = %name, "the WAL outbox's slot is gone"),
+                Err(error) => tracing::warn!(%error, "cannot read the WAL slot's lag"),
+            }
         }
     }
 }
 
-/// Retention: delete published rows and inbox records past their age, outbox by outbox.
+/// Retention: delete published rows and inbox records past their age, outbox by
+/// outbox, every `retention.cleanup_interval`.
 async fn clean_periodically(
     members: Members,
     retention: crate::config::RetentionSettings,
     stop: watch::Receiver<bool>,
 ) {
-    let stop = stopped(stop);
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            () = &mut stop => return,
-            () = tokio::time::sleep(retention.cleanup_interval) => {}
-        }
-        for member in members.now() {
-            let cleanup = Cleanup::new(member.store.pool().clone(), member.store.outbox())
-                .with_batch_size(retention.cleanup_batch_size);
-            let outbox = member.name;
-            match clean_once(&cleanup, &outbox, &retention).await {
-                Ok((events, inbox)) if events + inbox > 0 => {
-                    tracing::info!(events, inbox, %outbox, "retention cleanup deleted rows");
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(%error, %outbox, "retention cleanup failed; retrying later");
-                }
+    every(retention.cleanup_interval, stop, || {
+        clean_all(&members, &retention)
+    })
+    .await;
+}
+
+/// One retention pass over every outbox.
+async fn clean_all(members: &Members, retention: &crate::config::RetentionSettings) {
+    for member in members.now() {
+        let cleanup = Cleanup::new(member.store.pool().clone(), member.store.outbox())
+            .with_batch_size(retention.cleanup_batch_size);
+        let outbox = member.name;
+        match clean_once(&cleanup, &outbox, retention).await {
+            Ok((events, inbox)) if events + inbox > 0 => {
+                tracing::info!(events, inbox, %outbox, "retention cleanup deleted rows");
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, %outbox, "retention cleanup failed; retrying later");
             }
         }
     }

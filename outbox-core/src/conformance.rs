@@ -748,24 +748,45 @@ async fn assert_not_received_soon<T: ConformanceTarget>(
 ) {
     let until = Instant::now() + NOT_RECEIVED_WAIT;
     while let Some(left) = until.checked_duration_since(Instant::now()) {
-        let batch = match tokio::time::timeout(
-            left + Duration::from_secs(5),
-            target.receive(100, left.min(Duration::from_millis(500))),
+        let wait = left.min(Duration::from_millis(500));
+        receive_none_of(
+            target,
+            100,
+            wait,
+            left,
+            ids,
+            &format!("held back or refused ({what})"),
         )
-        .await
-        {
-            Ok(Ok(batch)) => batch,
-            Ok(Err(e)) => panic!("cannot read messages back: {e}"),
-            Err(_) => panic!("receive ignored its wait"),
-        };
-        for message in batch {
-            assert!(
-                !ids.contains(&message.id),
-                "message {} arrived although it was held back or refused ({what})",
-                message.id
-            );
-        }
+        .await;
     }
+}
+
+/// One [`ConformanceTarget::receive`] of up to `max` messages waiting at most
+/// `wait`, which must return within `left` and a margin; fails when a message of
+/// `forbidden` arrives, saying it should have been `kept`.
+async fn receive_none_of<T: ConformanceTarget>(
+    target: &T,
+    max: usize,
+    wait: Duration,
+    left: Duration,
+    forbidden: &HashSet<Uuid>,
+    kept: &str,
+) -> Vec<ReceivedMessage> {
+    let batch = match tokio::time::timeout(left + Duration::from_secs(5), target.receive(max, wait))
+        .await
+    {
+        Ok(Ok(batch)) => batch,
+        Ok(Err(e)) => panic!("cannot read messages back: {e}"),
+        Err(_) => panic!("receive ignored its wait of {wait:?}"),
+    };
+    for message in &batch {
+        assert!(
+            !forbidden.contains(&message.id),
+            "message {} arrived although it should have been {kept}",
+            message.id
+        );
+    }
+    batch
 }
 
 /// A broker that cannot be reached gives [`FailureKind::Unavailable`] failures (one per
@@ -882,22 +903,8 @@ async fn collect_in_arrival_order<T: ConformanceTarget>(
             );
         }
         let wait = left.min(Duration::from_secs(2));
-        let batch = match tokio::time::timeout(
-            left + Duration::from_secs(5),
-            target.receive(wanted.len() - seen.len(), wait),
-        )
-        .await
-        {
-            Ok(Ok(batch)) => batch,
-            Ok(Err(e)) => panic!("cannot read messages back: {e}"),
-            Err(_) => panic!("receive ignored its wait of {wait:?}"),
-        };
-        for message in batch {
-            assert!(
-                !forbidden.contains(&message.id),
-                "message {} should have been refused but was delivered",
-                message.id
-            );
+        let max = wanted.len() - seen.len();
+        for message in receive_none_of(target, max, wait, left, forbidden, "refused").await {
             if wanted.contains(&message.id) && seen.insert(message.id) {
                 received.push(message);
             }

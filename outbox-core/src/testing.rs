@@ -460,3 +460,24 @@ pub fn event(aggregate: &str, n: usize) -> NewEvent {
         &serde_json::json!({ "n": n }),
     )
 }
+
+/// `per_aggregate` [`event`]s on each of `aggregates` aggregates named
+/// `<prefix><a>`, interleaved: the first event of every aggregate, then the second
+/// of every aggregate, and so on; an event's `n` is its place in its aggregate.
+pub fn interleaved_events(prefix: &str, aggregates: usize, per_aggregate: usize) -> Vec<NewEvent> {
+    (0..per_aggregate)
+        .flat_map(|n| (0..aggregates).map(move |a| event(&format!("{prefix}{a}"), n)))
+        .collect()
+}
+
+/// The event ids of messages read back from a broker, in their order, taken with
+/// the adapter's `event_id`; panics at a message that carries none.
+pub fn event_ids<M, E: std::fmt::Display>(
+    messages: &[M],
+    event_id: impl Fn(&M) -> Result<Uuid, E>,
+) -> Vec<Uuid> {
+    messages
+        .iter()
+        .map(|m| event_id(m).unwrap_or_else(|e| panic!("a message without an event id: {e}")))
+        .collect()
+}

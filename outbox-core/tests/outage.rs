@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use pgoutbox_core::testing::{check_first_arrivals, run_relay_while, MemoryStore};
+use pgoutbox_core::testing::{
+    check_first_arrivals, interleaved_events, run_relay_while, MemoryStore,
+};
 use pgoutbox_core::{
     BrokerStatus, Event, NewEvent, Outcome, PublishError, Publisher, Relay, RelayConfig,
     RetryPolicy,
@@ -113,19 +115,10 @@ async fn wait_until(what: &str, done: impl Fn() -> bool) {
 /// Enqueue `per_aggregate` events on each of `aggregates` aggregates, interleaved;
 /// their ids in insertion order.
 fn fill(store: &MemoryStore, aggregates: usize, per_aggregate: usize) -> Vec<Uuid> {
-    let mut ids = Vec::new();
-    for n in 0..per_aggregate {
-        for a in 0..aggregates {
-            let event = NewEvent::new(
-                "order",
-                format!("order-{a}"),
-                "order.changed",
-                &serde_json::json!({ "n": n }),
-            );
-            ids.push(store.enqueue(event).unwrap());
-        }
-    }
-    ids
+    interleaved_events("order-", aggregates, per_aggregate)
+        .into_iter()
+        .map(|event| store.enqueue(event).unwrap())
+        .collect()
 }
 
 async fn outage_counts_no_attempt(symptom: Symptom) {

@@ -10,19 +10,13 @@ use common::{
     consumer, create_topic, group_consumer, key, read, tansu_bootstrap, unique, MockKafka,
 };
 use pgoutbox_core::conformance::event;
+use pgoutbox_core::testing::{event_ids, interleaved_events};
 use pgoutbox_core::{Event, FailureKind, NewEvent, Outcome, Publisher, Relay, Store};
 use pgoutbox_kafka::rdkafka::consumer::StreamConsumer;
 use pgoutbox_kafka::rdkafka::message::Message;
 use pgoutbox_kafka::KafkaConfig;
 use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
 use uuid::Uuid;
-
-fn ids_of(messages: &[pgoutbox_kafka::rdkafka::message::OwnedMessage]) -> Vec<Uuid> {
-    messages
-        .iter()
-        .map(|m| pgoutbox_kafka::event_id(m).expect("event id header"))
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn events_of_one_aggregate_share_a_partition_in_order() {
@@ -43,7 +37,9 @@ async fn events_of_one_aggregate_share_a_partition_in_order() {
         Duration::from_secs(30),
     )
     .await;
-    let got: HashSet<Uuid> = ids_of(&messages).into_iter().collect();
+    let got: HashSet<Uuid> = event_ids(&messages, pgoutbox_kafka::event_id)
+        .into_iter()
+        .collect();
     let sent: HashSet<Uuid> = events.iter().map(|e| e.id).collect();
     assert_eq!(got, sent, "every event id is read back");
 
@@ -170,21 +166,19 @@ async fn drain<S: Store, P: Publisher>(relay: &Relay<S, P>, limit: Duration) {
         .expect("relay drains the outbox");
 }
 
+/// `per_aggregate` rounds of one event on each of `aggregates` aggregates
+/// `order-<a>`, a transaction per round, each event with a `traceparent`.
 async fn enqueue_orders(db: &TestOutbox, aggregates: usize, per_aggregate: usize) -> Vec<Uuid> {
     let mut ids = Vec::new();
-    for round in 0..per_aggregate {
-        let mut tx = db.pool.begin().await.expect("begin");
-        for a in 0..aggregates {
-            let e = NewEvent::new(
-                "order",
-                format!("order-{a}"),
-                "order.updated",
-                &serde_json::json!({"round": round}),
-            )
-            .with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
-            ids.push(db.outbox.enqueue(&mut tx, &e).await.expect("enqueue"));
-        }
-        tx.commit().await.expect("commit");
+    for round in interleaved_events("order-", aggregates, per_aggregate).chunks(aggregates) {
+        let round: Vec<NewEvent> = round
+            .iter()
+            .map(|e| {
+                e.clone()
+                    .with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            })
+            .collect();
+        ids.extend(db.enqueue_committed(&round).await.expect("enqueue"));
     }
     ids
 }
@@ -222,7 +216,7 @@ async fn end_to_end(bootstrap: &str, topic: &str, reader: &StreamConsumer) {
     drain(&relay, Duration::from_secs(60)).await;
 
     let messages = read(reader, ids.len(), Duration::from_secs(30)).await;
-    let got = ids_of(&messages);
+    let got = event_ids(&messages, pgoutbox_kafka::event_id);
     assert_eq!(
         got.iter().collect::<HashSet<_>>(),
         ids.iter().collect::<HashSet<_>>()
@@ -237,7 +231,7 @@ async fn end_to_end(bootstrap: &str, topic: &str, reader: &StreamConsumer) {
             .map(|m| {
                 let v: serde_json::Value =
                     serde_json::from_slice(m.payload().expect("a payload")).expect("JSON");
-                v["round"].as_i64().expect("a round")
+                v["n"].as_i64().expect("the event's round")
             })
             .collect();
         assert_eq!(rounds, (0..5).collect::<Vec<_>>(), "order of {aggregate}");

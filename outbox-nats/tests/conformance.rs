@@ -5,23 +5,8 @@ mod common;
 
 use common::NatsTarget;
 
-pgoutbox_core::conformance_tests!(NatsTarget::new().await, |target: NatsTarget| async move {
-    target.delete().await
-});
-
-pgoutbox_postgres::relay_conformance_tests!(
-    NatsTarget::new().await,
+// The publisher suite, and the relay checks in table and WAL mode.
+pgoutbox_postgres::broker_conformance_tests!(
+    NatsTarget::with_envelope,
     |target: NatsTarget| async move { target.delete().await }
-);
-
-pgoutbox_core::conformance_tests!(
-    @envelopes NatsTarget::with_envelope,
-    |target: NatsTarget| async move { target.delete().await }
-);
-
-// WAL mode: events written to the WAL, read from a replication slot.
-pgoutbox_postgres::relay_conformance_tests!(
-    NatsTarget::new().await,
-    |target: NatsTarget| async move { target.delete().await },
-    wal
 );

@@ -10,7 +10,7 @@ use pgoutbox_core::conformance::event;
 use pgoutbox_core::{Outcome, Publisher};
 use pgoutbox_nats::async_nats::jetstream::stream::StorageType;
 use pgoutbox_nats::testing::{TlsNatsServer, PASSWORD, USER};
-use pgoutbox_nats::{NatsConfig, NatsPublisher, SubjectRouting};
+use pgoutbox_nats::{NatsConfig, SubjectRouting};
 
 /// What scripts/test-ca.sh exported; a missing one fails the test with how to get it.
 fn env(name: &str) -> String {
@@ -35,8 +35,13 @@ fn config(server: &TlsNatsServer, prefix: &str) -> NatsConfig {
         .tls_ca_file(env("OUTBOX_TLS_CA"))
 }
 
-/// Publish one event into a fresh stream and expect the broker's acknowledgement.
-async fn publishes(publisher: &NatsPublisher, prefix: &str) {
+/// Connect with `config` (`how` says how it authenticates), publish one event into
+/// a fresh stream named after `prefix` and expect the broker's acknowledgement.
+async fn connects_and_publishes(config: NatsConfig, prefix: &str, how: &str) {
+    let publisher = config
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect with TLS and {how}: {e}"));
     let mut stream = publisher.stream_config(&prefix.to_uppercase());
     stream.storage = StorageType::Memory;
     publisher
@@ -51,17 +56,22 @@ async fn publishes(publisher: &NatsPublisher, prefix: &str) {
     );
 }
 
+/// Connecting with `config` fails (`what` must be refused) with an error that
+/// mentions `needle` (in any case).
+async fn assert_refused(config: NatsConfig, what: &str, needle: &str) {
+    let Err(e) = config.connect().await else {
+        panic!("{what} must be refused");
+    };
+    assert!(e.to_string().to_lowercase().contains(needle), "{e}");
+}
+
 /// An nkey user over TLS (a `tls://` URL, the server's certificate checked against
 /// the test CA) publishes into JetStream.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_nkey_user_publishes_over_tls() {
     let server = start_server();
-    let publisher = config(&server, "tls_nkey")
-        .nkey_seed_file(server.nkey_seed_file())
-        .connect()
-        .await
-        .expect("connect with TLS and an nkey");
-    publishes(&publisher, "tls_nkey").await;
+    let nkey = config(&server, "tls_nkey").nkey_seed_file(server.nkey_seed_file());
+    connects_and_publishes(nkey, "tls_nkey", "an nkey").await;
 }
 
 /// The binary's way: settings from variables, the password read from a file.
@@ -82,12 +92,8 @@ async fn a_password_from_a_file_authenticates_over_tls() {
         ),
     ]
     .map(|(k, v)| (k.to_string(), v));
-    let publisher = NatsConfig::from_vars(vars)
-        .expect("valid settings")
-        .connect()
-        .await
-        .expect("connect with TLS and a password from a file");
-    publishes(&publisher, "tls_password").await;
+    let from_vars = NatsConfig::from_vars(vars).expect("valid settings");
+    connects_and_publishes(from_vars, "tls_password", "a password from a file").await;
 }
 
 /// Without the test CA the server's certificate is not trusted; a wrong seed is
@@ -97,27 +103,14 @@ async fn untrusted_certificates_wrong_keys_and_missing_files_are_refused() {
     let server = start_server();
     let untrusted = NatsConfig::new(server.url())
         .timeout(Duration::from_secs(5))
-        .nkey_seed_file(server.nkey_seed_file())
-        .connect()
-        .await
-        .expect_err("a certificate of an unknown CA must be refused");
-    assert!(
-        untrusted.to_string().to_lowercase().contains("certificate"),
-        "{untrusted}"
-    );
+        .nkey_seed_file(server.nkey_seed_file());
+    assert_refused(untrusted, "a certificate of an unknown CA", "certificate").await;
 
     let other = server.dir().join("other.nk");
     let seed = nkeys::KeyPair::new_user().seed().expect("seed");
     std::fs::write(&other, seed).expect("seed file");
-    let refused = config(&server, "tls_wrong")
-        .nkey_seed_file(&other)
-        .connect()
-        .await
-        .expect_err("an unknown nkey must be refused");
-    assert!(
-        refused.to_string().to_lowercase().contains("authorization"),
-        "{refused}"
-    );
+    let wrong = config(&server, "tls_wrong").nkey_seed_file(&other);
+    assert_refused(wrong, "an unknown nkey", "authorization").await;
 
     let missing = Path::new("/nonexistent/ca.pem");
     let err = config(&server, "tls_missing")

@@ -6,6 +6,7 @@
 //! Not a stable API: checks are added and tightened as the publisher contract grows.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use pgoutbox_core::conformance::{
@@ -15,7 +16,7 @@ use pgoutbox_core::testing::{check_first_arrivals, hold_outage, run_relay_while}
 use pgoutbox_core::{DeadLetterFilter, NewEvent, Publisher, Relay, Store, TRACEPARENT};
 use uuid::Uuid;
 
-use crate::testing::{broker_relay_config, TestOutbox};
+use crate::testing::{broker_relay_config, TestOutbox, Writer};
 
 /// Longest a whole check may take.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -56,115 +57,142 @@ macro_rules! relay_conformance_tests {
     };
 }
 
+/// Every check for a broker that runs them all, one `#[tokio::test]` each: the
+/// publisher suite of `pgoutbox_core::conformance_tests!` with the default envelope
+/// and once per CloudEvents content mode (`@envelopes`), and
+/// [`relay_conformance_tests!`](crate::relay_conformance_tests) in table mode
+/// (outage included) and in WAL mode (feature `wal`, `wal_level = logical`).
+/// `with_envelope` is a function from an `Envelope` to a future of a fresh target
+/// whose publisher encodes with it; `cleanup` as in
+/// [`relay_conformance_tests!`](crate::relay_conformance_tests).
+///
+/// ```text
+/// pgoutbox_postgres::broker_conformance_tests!(MyBroker::with_envelope, |b: MyBroker| async move {
+///     b.delete().await
+/// });
+/// ```
+#[macro_export]
+macro_rules! broker_conformance_tests {
+    ($with_envelope:expr, $cleanup:expr) => {
+        $crate::__core::conformance_tests!(
+            ($with_envelope)($crate::__core::envelope::Envelope::Outbox).await,
+            $cleanup
+        );
+        $crate::relay_conformance_tests!(
+            ($with_envelope)($crate::__core::envelope::Envelope::Outbox).await,
+            $cleanup
+        );
+        $crate::__core::conformance_tests!(@envelopes $with_envelope, $cleanup);
+        // WAL mode: events written to the WAL, read from a replication slot.
+        $crate::relay_conformance_tests!(
+            ($with_envelope)($crate::__core::envelope::Envelope::Outbox).await,
+            $cleanup,
+            wal
+        );
+    };
+}
+
 /// Events committed in PostgreSQL transactions reach the broker through the relay:
 /// 4 aggregates x 6 events over three transactions, interleaved, each with a
 /// `traceparent`; a fourth transaction is rolled back. Every committed event is
 /// read back, its header intact, each aggregate's first copies in insertion order;
 /// the rolled-back event never arrives; the outbox is empty afterwards.
 pub async fn relay_end_to_end<T: ConformanceTarget>(target: &T) {
-    let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
-    let relay = table_relay(target, &db).await;
-    end_to_end(target, &db, &Writer::Table, &relay).await;
+    end_to_end(target, &Setup::table(target).await).await;
 }
 
 /// [`relay_end_to_end`] in WAL mode: events written with `WalOutbox`, read from a
 /// slot of the check's own through `WalStore` (needs `wal_level = logical`).
 #[cfg(feature = "wal")]
 pub async fn wal_relay_end_to_end<T: ConformanceTarget>(target: &T) {
-    let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
-    let slot = crate::testing::TestSlot::create(&db).await;
-    let relay = wal_relay(target, &db, &slot).await;
-    end_to_end(target, &db, &Writer::wal(&db), &relay).await;
+    end_to_end(target, &Setup::wal(target).await).await;
 }
 
-/// How a check writes its events: into the outbox table, or to the WAL.
-enum Writer {
-    Table,
+/// What a relay check runs on: a fresh outbox, how the check writes its events,
+/// and a relay from where they are read to the target's publisher.
+struct Setup<S: Store, P: Publisher> {
+    db: TestOutbox,
+    writer: Writer,
+    relay: Relay<S, P>,
+    /// The slot the relay reads in WAL mode, dropped after the check.
     #[cfg(feature = "wal")]
-    Wal(crate::wal::WalOutbox),
+    _slot: Option<crate::testing::TestSlot>,
 }
 
-impl Writer {
-    #[cfg(feature = "wal")]
-    fn wal(db: &TestOutbox) -> Self {
-        Writer::Wal(crate::wal::WalOutbox::new(&db.tables))
-    }
-
-    fn is_table(&self) -> bool {
-        matches!(self, Writer::Table)
-    }
-
-    /// Write `events` in one transaction, committed or rolled back.
-    async fn write(&self, db: &TestOutbox, events: &[NewEvent], commit: bool) {
-        let mut tx = db.pool.begin().await.expect("begin");
-        match self {
-            Writer::Table => db.outbox.enqueue_many(&mut tx, events).await,
+impl<P: Publisher> Setup<crate::PgStore, P> {
+    /// Events written into the outbox table, read from it.
+    async fn table<T: ConformanceTarget<Publisher = P>>(target: &T) -> Self {
+        let db = fresh_outbox().await;
+        Self {
+            relay: relay_to(target, db.store()).await,
+            db,
+            writer: Writer::Table,
             #[cfg(feature = "wal")]
-            Writer::Wal(wal) => wal.enqueue_many(&mut tx, events).await,
-        }
-        .expect("enqueue");
-        if commit {
-            tx.commit().await.expect("commit");
-        } else {
-            tx.rollback().await.expect("rollback");
+            _slot: None,
         }
     }
 }
 
-/// A relay from `db`'s outbox table to `target`'s publisher, configured for a real
-/// broker.
-async fn table_relay<T: ConformanceTarget>(
-    target: &T,
-    db: &TestOutbox,
-) -> Relay<crate::PgStore, T::Publisher> {
-    let publisher = target.publisher().await.expect("publisher");
-    Relay::new(db.store(), publisher).with_config(broker_relay_config())
+#[cfg(feature = "wal")]
+impl<P: Publisher> Setup<crate::wal::WalStore, P> {
+    /// Events written to the WAL, read from a slot of the check's own.
+    async fn wal<T: ConformanceTarget<Publisher = P>>(target: &T) -> Self {
+        let db = fresh_outbox().await;
+        let slot = crate::testing::TestSlot::create(&db).await;
+        let store = crate::wal::WalStore::new(db.pool.clone(), db.tables.clone(), slot.source());
+        Self {
+            relay: relay_to(target, store).await,
+            db,
+            writer: Writer::Wal,
+            _slot: Some(slot),
+        }
+    }
 }
 
-/// The relay of a WAL mode check: `WalStore` over `slot`, with the target's publisher.
-#[cfg(feature = "wal")]
-async fn wal_relay<T: ConformanceTarget>(
-    target: &T,
-    db: &TestOutbox,
-    slot: &crate::testing::TestSlot,
-) -> Relay<crate::wal::WalStore, T::Publisher> {
+/// A fresh outbox for a check.
+async fn fresh_outbox() -> TestOutbox {
+    TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL")
+}
+
+/// A relay from `store` to `target`'s publisher, configured for a real broker.
+async fn relay_to<T: ConformanceTarget, S: Store>(target: &T, store: S) -> Relay<S, T::Publisher> {
     let publisher = target.publisher().await.expect("publisher");
-    let store = crate::wal::WalStore::new(db.pool.clone(), db.tables.clone(), slot.source());
     Relay::new(store, publisher).with_config(broker_relay_config())
 }
 
-async fn end_to_end<T: ConformanceTarget, S: Store>(
-    target: &T,
-    db: &TestOutbox,
-    writer: &Writer,
-    relay: &Relay<S, T::Publisher>,
-) {
+/// A `conformance.order.changed` event of the `conformance_order` aggregate
+/// `aggregate`.
+fn order_changed(aggregate: &str, payload: serde_json::Value) -> NewEvent {
+    NewEvent::new(
+        "conformance_order",
+        aggregate,
+        "conformance.order.changed",
+        &payload,
+    )
+}
+
+async fn end_to_end<T: ConformanceTarget, S: Store>(target: &T, setup: &Setup<S, T::Publisher>) {
+    let Setup {
+        db, writer, relay, ..
+    } = setup;
     let mut runs: Vec<Vec<Uuid>> = vec![Vec::new(); 4];
     for tx in 0..3 {
         let events: Vec<NewEvent> = (0..8)
             .map(|i| {
-                let aggregate = i % 4;
-                NewEvent::new(
-                    "conformance_order",
-                    format!("o-{aggregate}"),
-                    "conformance.order.changed",
-                    &serde_json::json!({ "tx": tx, "i": i }),
-                )
-                .with_traceparent(TRACE)
+                let aggregate = format!("o-{}", i % 4);
+                order_changed(&aggregate, serde_json::json!({ "tx": tx, "i": i }))
+                    .with_traceparent(TRACE)
             })
             .collect();
-        writer.write(db, &events, true).await;
+        db.write(*writer, &events, true).await.expect("enqueue");
         for (i, event) in events.iter().enumerate() {
             runs[i % 4].push(event.id);
         }
     }
-    let ghost = NewEvent::new(
-        "conformance_order",
-        "o-0",
-        "conformance.order.changed",
-        &serde_json::json!({ "rolled back": true }),
-    );
-    writer.write(db, std::slice::from_ref(&ghost), false).await;
+    let ghost = order_changed("o-0", serde_json::json!({ "rolled back": true }));
+    db.write(*writer, std::slice::from_ref(&ghost), false)
+        .await
+        .expect("enqueue");
 
     let wanted: HashSet<Uuid> = runs.iter().flatten().copied().collect();
     let read = async {
@@ -177,26 +205,16 @@ async fn end_to_end<T: ConformanceTarget, S: Store>(
                 message.id
             );
         }
-        let mut arrivals: Vec<Uuid> = messages.iter().map(|m| m.id).collect();
         // A late copy of the rolled-back event would show up now.
-        for message in target
-            .receive(100, NOT_RECEIVED_WAIT)
-            .await
-            .expect("receive")
-        {
-            arrivals.push(message.id);
-        }
-        arrivals
+        with_late_arrivals(target, &messages).await
     };
-    let arrivals = run_relay_while(relay, read, DEADLINE)
-        .await
-        .expect("relay_end_to_end: the relay did not stop in time");
+    let arrivals = while_relaying("relay_end_to_end", relay, read).await;
+    check_first_arrivals(&arrivals, &runs)
+        .unwrap_or_else(|e| panic!("relay_end_to_end: per-aggregate order: {e}"));
     assert!(
         !arrivals.contains(&ghost.id),
         "relay_end_to_end: an event of a rolled-back transaction was published"
     );
-    check_first_arrivals(&arrivals, &runs)
-        .unwrap_or_else(|e| panic!("relay_end_to_end: per-aggregate order: {e}"));
     let pending = relay.store().pending().await.expect("pending");
     assert_eq!(pending, 0, "relay_end_to_end: events left in the outbox");
     let parked = db.store().pending().await.expect("pending");
@@ -213,35 +231,24 @@ async fn end_to_end<T: ConformanceTarget, S: Store>(
 /// pending (the default `AfterDeadLetter::Block`), events of other aggregates,
 /// before and after it in the table, are published.
 pub async fn relay_refused_event_is_a_dead_letter_alone<T: ConformanceTarget>(target: &T) {
-    let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
-    let relay = table_relay(target, &db).await;
-    refused_event_is_a_dead_letter_alone(target, &db, &Writer::Table, &relay).await;
+    refused_event_is_a_dead_letter_alone(target, &Setup::table(target).await).await;
 }
 
 /// [`relay_refused_event_is_a_dead_letter_alone`] in WAL mode: the refused event is
 /// parked in the outbox table as a dead letter, its follower behind it.
 #[cfg(feature = "wal")]
 pub async fn wal_relay_refused_event_is_a_dead_letter_alone<T: ConformanceTarget>(target: &T) {
-    let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
-    let slot = crate::testing::TestSlot::create(&db).await;
-    let relay = wal_relay(target, &db, &slot).await;
-    refused_event_is_a_dead_letter_alone(target, &db, &Writer::wal(&db), &relay).await;
+    refused_event_is_a_dead_letter_alone(target, &Setup::wal(target).await).await;
 }
 
 async fn refused_event_is_a_dead_letter_alone<T: ConformanceTarget, S: Store>(
     target: &T,
-    db: &TestOutbox,
-    writer: &Writer,
-    relay: &Relay<S, T::Publisher>,
+    setup: &Setup<S, T::Publisher>,
 ) {
-    let new = |aggregate: &str, n: i64| {
-        NewEvent::new(
-            "conformance_order",
-            aggregate,
-            "conformance.order.changed",
-            &serde_json::json!({ "n": n }),
-        )
-    };
+    let Setup {
+        db, writer, relay, ..
+    } = setup;
+    let new = |aggregate: &str, n: i64| order_changed(aggregate, serde_json::json!({ "n": n }));
     // The refused event as the target makes it, back into a `NewEvent`.
     let refused = {
         let event = target.refused(pgoutbox_core::conformance::event(
@@ -265,7 +272,7 @@ async fn refused_event_is_a_dead_letter_alone<T: ConformanceTarget, S: Store>(
     };
     let follower = new("poison", 1);
     let events = vec![new("a", 0), refused.clone(), follower.clone(), new("b", 0)];
-    writer.write(db, &events, true).await;
+    db.write(*writer, &events, true).await.expect("enqueue");
     let good: HashSet<Uuid> = [events[0].id, events[3].id].into_iter().collect();
     let dead = crate::DeadLetters::new(db.pool.clone(), &db.outbox);
 
@@ -291,20 +298,9 @@ async fn refused_event_is_a_dead_letter_alone<T: ConformanceTarget, S: Store>(
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // Whatever a broker might still deliver late.
-        let mut ids: Vec<Uuid> = received.iter().map(|m| m.id).collect();
-        ids.extend(
-            target
-                .receive(100, NOT_RECEIVED_WAIT)
-                .await
-                .expect("receive")
-                .iter()
-                .map(|m| m.id),
-        );
-        ids
+        with_late_arrivals(target, &received).await
     };
-    let received = run_relay_while(relay, work, DEADLINE)
-        .await
-        .expect("relay_refused_event_is_a_dead_letter_alone: the relay did not stop in time");
+    let received = while_relaying("relay_refused_event_is_a_dead_letter_alone", relay, work).await;
     assert!(
         !received.contains(&refused.id),
         "relay_refused_event_is_a_dead_letter_alone: the refused event was delivered"
@@ -341,10 +337,33 @@ async fn refused_event_is_a_dead_letter_alone<T: ConformanceTarget, S: Store>(
     );
     assert_eq!(
         relay.store().pending().await.expect("pending"),
-        if writer.is_table() { 1 } else { 0 },
+        if *writer == Writer::Table { 1 } else { 0 },
         "relay_refused_event_is_a_dead_letter_alone: events left unresolved"
     );
     db.drop_schema().await.expect("drop schema");
+}
+
+/// Run `relay` while `work` runs, at most [`DEADLINE`]; what `work` returned.
+async fn while_relaying<S: Store, P: Publisher, W>(
+    check: &str,
+    relay: &Relay<S, P>,
+    work: impl Future<Output = W>,
+) -> W {
+    run_relay_while(relay, work, DEADLINE)
+        .await
+        .unwrap_or_else(|| panic!("{check}: the relay did not stop in time"))
+}
+
+/// The ids of `messages`, then of what `target` still delivers within
+/// [`NOT_RECEIVED_WAIT`]: a late copy of something that should not arrive would
+/// show up now.
+async fn with_late_arrivals<T: ConformanceTarget>(
+    target: &T,
+    messages: &[ReceivedMessage],
+) -> Vec<Uuid> {
+    let late = target.receive(100, NOT_RECEIVED_WAIT).await;
+    let late = late.expect("receive");
+    messages.iter().chain(&late).map(|m| m.id).collect()
 }
 
 /// Read until every id of `wanted` arrived, at most [`RECEIVE_TIMEOUT`]; returns
@@ -385,7 +404,7 @@ async fn read_back<T: ConformanceTarget>(
 /// it lasts, and once the broker is back publishes everything, each aggregate's
 /// first copies in insertion order.
 pub async fn relay_outage_loses_nothing<T: OutageTarget>(target: &T) {
-    let db = TestOutbox::new().await.expect("PostgreSQL at DATABASE_URL");
+    let db = fresh_outbox().await;
     let publisher = target.outage_publisher().await.expect("outage publisher");
     let mut config = broker_relay_config();
     config.retry = config.retry.max_attempts(3);
@@ -396,14 +415,7 @@ pub async fn relay_outage_loses_nothing<T: OutageTarget>(target: &T) {
 
     target.cut();
     let events: Vec<NewEvent> = (0..12)
-        .map(|i| {
-            NewEvent::new(
-                "conformance_order",
-                format!("o-{}", i % 4),
-                "conformance.order.changed",
-                &serde_json::json!({ "i": i }),
-            )
-        })
+        .map(|i| order_changed(&format!("o-{}", i % 4), serde_json::json!({ "i": i })))
         .collect();
     db.enqueue_committed(&events).await.expect("enqueue");
     let runs: Vec<Vec<Uuid>> = (0..4)
@@ -448,9 +460,7 @@ pub async fn relay_outage_loses_nothing<T: OutageTarget>(target: &T) {
             .map(|m| m.id)
             .collect::<Vec<Uuid>>()
     };
-    let arrivals = run_relay_while(&relay, work, DEADLINE)
-        .await
-        .expect("relay_outage_loses_nothing: the relay did not stop in time");
+    let arrivals = while_relaying("relay_outage_loses_nothing", &relay, work).await;
     check_first_arrivals(&arrivals, &runs)
         .unwrap_or_else(|e| panic!("relay_outage_loses_nothing: per-aggregate order: {e}"));
     let dead = crate::DeadLetters::new(db.pool.clone(), &db.outbox)

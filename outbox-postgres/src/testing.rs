@@ -33,12 +33,17 @@ pub fn broker_relay_config() -> RelayConfig {
         .batch_size(50)
         .poll_interval(Duration::from_millis(20))
         .publish_timeout(Duration::from_secs(30))
-        .retry(
-            RetryPolicy::default()
-                .max_attempts(1000)
-                .base_delay(Duration::from_millis(50))
-                .max_delay(Duration::from_millis(300)),
-        )
+        .retry(retries(1000, 50..=300))
+}
+
+/// A test's retry schedule: up to `max_attempts` attempts, the first retry
+/// `delays_ms.start()` milliseconds after a failure, backing off to at most
+/// `delays_ms.end()` milliseconds.
+pub fn retries(max_attempts: u32, delays_ms: std::ops::RangeInclusive<u64>) -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(max_attempts)
+        .base_delay(Duration::from_millis(*delays_ms.start()))
+        .max_delay(Duration::from_millis(*delays_ms.end()))
 }
 
 /// An outbox in a fresh schema `outbox_test_<random>`, migrated; [`TestOutbox::drop_schema`]
@@ -98,9 +103,32 @@ impl TestOutbox {
         &self,
         events: &[pgoutbox_core::NewEvent],
     ) -> Result<Vec<uuid::Uuid>> {
+        self.write(Writer::Table, events, true).await
+    }
+
+    /// Enqueue `events` with one `enqueue_many` of `writer` in one transaction, then
+    /// commit it, or roll it back when `commit` is false; returns their ids.
+    pub async fn write(
+        &self,
+        writer: Writer,
+        events: &[pgoutbox_core::NewEvent],
+        commit: bool,
+    ) -> Result<Vec<uuid::Uuid>> {
         let mut tx = self.pool.begin().await?;
-        let ids = self.outbox.enqueue_many(&mut tx, events).await?;
-        tx.commit().await?;
+        let ids = match writer {
+            Writer::Table => self.outbox.enqueue_many(&mut tx, events).await?,
+            #[cfg(feature = "wal")]
+            Writer::Wal => {
+                crate::wal::WalOutbox::new(&self.tables)
+                    .enqueue_many(&mut tx, events)
+                    .await?
+            }
+        };
+        if commit {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
         Ok(ids)
     }
 
@@ -115,6 +143,17 @@ impl TestOutbox {
         .await?;
         Ok(())
     }
+}
+
+/// How [`TestOutbox::write`] writes events: into the outbox table ([`Outbox`]), or
+/// to the WAL (`WalOutbox`, feature `wal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// Into the outbox table.
+    Table,
+    /// To the WAL, as transactional logical messages.
+    #[cfg(feature = "wal")]
+    Wal,
 }
 
 impl Drop for TestOutbox {

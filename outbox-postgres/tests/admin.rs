@@ -14,32 +14,66 @@ use pgoutbox_core::testing::RecordingPublisher;
 use pgoutbox_core::{NewEvent, PublishError, Relay, Store};
 use pgoutbox_postgres::testing::TestOutbox;
 use pgoutbox_postgres::{
-    Cleanup, DeadLetterFilter, DeadLetters, Inbox, InboxError, Processed, Retention, StoreConfig,
+    Cleanup, DeadLetterFilter, DeadLetters, Inbox, InboxError, PgStore, Processed, Retention,
+    StoreConfig,
 };
 use uuid::Uuid;
 
-/// Enqueue `events`, then dead-letter those of type `poison` with a permanent error.
-async fn with_dead_letters(db: &TestOutbox, events: &[NewEvent]) -> Vec<Uuid> {
+/// An event of type `poison`, which [`relay_poisoned`] dead-letters.
+fn poison(aggregate_type: &str, aggregate: &str) -> NewEvent {
+    NewEvent::new(aggregate_type, aggregate, "poison", &serde_json::json!({}))
+}
+
+/// Enqueue `events`, then relay them through `store` until it claims no more,
+/// dead-lettering those of type `poison` with a permanent error. Returns their ids
+/// and the ids published.
+async fn relay_poisoned(
+    db: &TestOutbox,
+    store: PgStore,
+    events: &[NewEvent],
+) -> (Vec<Uuid>, Vec<Uuid>) {
     let ids = db.enqueue_many_committed(events).await.unwrap();
     let publisher = RecordingPublisher::failing_when(|e| {
         (e.event_type == "poison").then(|| PublishError::permanent("rejected by broker"))
     });
-    let relay = Relay::new(db.store(), publisher).with_config(fast_config());
+    let relay = Relay::new(store, publisher).with_config(fast_config());
     while relay.run_once().await.unwrap().claimed > 0 {}
-    ids
+    (ids, relay.publisher().published_ids())
+}
+
+/// A fresh outbox and a store on it that keeps published rows, for any age to
+/// clean them up.
+async fn outbox_keeping_published_rows() -> (TestOutbox, PgStore) {
+    let db = TestOutbox::new().await.unwrap();
+    let store = db
+        .store()
+        .with_config(StoreConfig::default().retention(Retention::Keep(Duration::ZERO)));
+    (db, store)
+}
+
+/// `clean(age)`, a cleanup of what is older than `age`, deletes nothing of what is
+/// under an hour old, then, 10 ms later, the `n` rows older than 1 ms.
+async fn assert_cleans_only_old(n: u64, clean: impl AsyncFn(Duration) -> u64) {
+    assert_eq!(
+        clean(Duration::from_secs(3600)).await,
+        0,
+        "nothing that old"
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(clean(Duration::from_millis(1)).await, n);
 }
 
 #[tokio::test]
 async fn dead_letters_can_be_listed_filtered_retried_and_purged() {
     let db = TestOutbox::new().await.unwrap();
-    let poison = |agg: &str| NewEvent::new("order", agg, "poison", &serde_json::json!({}));
-    let ids = with_dead_letters(
+    let (ids, _) = relay_poisoned(
         &db,
+        db.store(),
         &[
-            poison("1"),
+            poison("order", "1"),
             event("2", 0),
-            poison("3"),
-            NewEvent::new("invoice", "9", "poison", &serde_json::json!({})),
+            poison("order", "3"),
+            poison("invoice", "9"),
         ],
     )
     .await;
@@ -196,36 +230,21 @@ async fn handler_error_rolls_back_so_a_later_delivery_runs_it_again() {
 
 #[tokio::test]
 async fn cleanup_removes_only_old_published_rows_and_old_inbox_records() {
-    let db = TestOutbox::new().await.unwrap();
-    let store = db
-        .store()
-        .with_config(StoreConfig::default().retention(Retention::Keep(Duration::from_secs(0))));
-    let ids = db
-        .enqueue_many_committed(&[
+    let (db, store) = outbox_keeping_published_rows().await;
+    let (ids, published) = relay_poisoned(
+        &db,
+        store.clone(),
+        &[
             event("1", 0),
             event("2", 0),
             event("3", 0),
-            NewEvent::new("order", "4", "poison", &serde_json::json!({})),
+            poison("order", "4"),
             event("5", 0).not_before(chrono::Utc::now() + chrono::Duration::hours(1)),
-        ])
-        .await
-        .unwrap();
-    let publisher = RecordingPublisher::failing_when(|e| {
-        (e.event_type == "poison").then(|| PublishError::permanent("no route"))
-    });
-    let relay = Relay::new(store.clone(), publisher).with_config(fast_config());
-    relay.run_once().await.unwrap();
-    assert_eq!(relay.publisher().published_ids(), ids[..3].to_vec());
+        ],
+    )
+    .await;
+    assert_eq!(published, ids[..3].to_vec());
 
-    let cleanup = Cleanup::new(db.pool.clone(), &db.outbox).with_batch_size(2);
-    // Published rows are kept while younger than the retention...
-    assert_eq!(
-        cleanup
-            .processed_older_than(Duration::from_secs(3600))
-            .await
-            .unwrap(),
-        0
-    );
     let stats = store.stats().await.unwrap();
     assert_eq!(
         (
@@ -236,15 +255,13 @@ async fn cleanup_removes_only_old_published_rows_and_old_inbox_records() {
         ),
         (1, 1, 1, 3)
     );
-    // ...and deleted, in batches of 2, once older.
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(
-        cleanup
-            .processed_older_than(Duration::from_millis(1))
-            .await
-            .unwrap(),
-        3
-    );
+    // Published rows are kept while younger than the retention, and deleted, in
+    // batches of 2, once older.
+    let cleanup = Cleanup::new(db.pool.clone(), &db.outbox).with_batch_size(2);
+    assert_cleans_only_old(3, async |age| {
+        cleanup.processed_older_than(age).await.unwrap()
+    })
+    .await;
     assert_eq!(
         common::row_ids(&db).await,
         ids[3..].to_vec(),
@@ -258,30 +275,13 @@ async fn cleanup_removes_only_old_published_rows_and_old_inbox_records() {
         assert!(inbox.record(&mut conn, Uuid::now_v7()).await.unwrap());
     }
     drop(conn);
-    assert_eq!(
-        cleanup
-            .inbox_older_than(Duration::from_secs(3600))
-            .await
-            .unwrap(),
-        0
-    );
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(
-        cleanup
-            .inbox_older_than(Duration::from_millis(1))
-            .await
-            .unwrap(),
-        3
-    );
+    assert_cleans_only_old(3, async |age| cleanup.inbox_older_than(age).await.unwrap()).await;
     db.drop_schema().await.unwrap();
 }
 
 #[tokio::test]
 async fn periodic_cleanup_deletes_published_rows_until_stopped() {
-    let db = TestOutbox::new().await.unwrap();
-    let store = db
-        .store()
-        .with_config(StoreConfig::default().retention(Retention::Keep(Duration::ZERO)));
+    let (db, store) = outbox_keeping_published_rows().await;
     db.enqueue_many_committed(&[event("1", 0), event("2", 0)])
         .await
         .unwrap();

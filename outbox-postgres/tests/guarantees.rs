@@ -11,10 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use common::{drained, event, fast_config, fill, remaining, run_all_until_drained};
+use common::{
+    drained, event, fast_config, fill, head_and_follower, remaining, run_all_until_drained,
+};
 use pgoutbox_core::testing::RecordingPublisher;
 use pgoutbox_core::{Event, NewEvent, Outcome, PublishError, Publisher, Relay, RetryPolicy, Store};
-use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::testing::{retries, TestOutbox};
 use pgoutbox_postgres::{DeadLetterFilter, DeadLetters, PgStore};
 use uuid::Uuid;
 
@@ -40,14 +42,8 @@ async fn failing_event_waits_for_its_retry_time_then_dead_letters_with_its_last_
         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
         Some(PublishError::retryable(format!("broker unavailable #{n}")))
     });
-    let relay = Relay::new(db.store(), publisher).with_config(
-        fast_config().retry(
-            RetryPolicy::default()
-                .max_attempts(3)
-                .base_delay(Duration::from_millis(400))
-                .max_delay(Duration::from_millis(400)),
-        ),
-    );
+    let relay =
+        Relay::new(db.store(), publisher).with_config(fast_config().retry(retries(3, 400..=400)));
 
     for expected_attempts in 1..=2 {
         let failed_at = Utc::now();
@@ -261,17 +257,9 @@ async fn failing_head_delays_its_own_aggregate_only() {
 
 #[tokio::test]
 async fn dead_letter_releases_or_blocks_its_followers_as_configured() {
-    use pgoutbox_postgres::{AfterDeadLetter, StoreConfig};
+    use pgoutbox_postgres::AfterDeadLetter;
     for policy in [AfterDeadLetter::Release, AfterDeadLetter::Block] {
-        let db = TestOutbox::new().await.unwrap();
-        let ids = db
-            .enqueue_many_committed(&[event("x", 0), event("x", 1)])
-            .await
-            .unwrap();
-        let head = ids[0];
-        let store = db
-            .store()
-            .with_config(StoreConfig::default().after_dead_letter(policy));
+        let (db, store, [head, follower]) = head_and_follower(policy).await;
         let publisher = RecordingPublisher::failing_when(move |e| {
             (e.id == head).then(|| PublishError::permanent("unroutable"))
         });
@@ -280,14 +268,14 @@ async fn dead_letter_releases_or_blocks_its_followers_as_configured() {
         relay.run_once().await.unwrap();
         let published = relay.publisher().published_ids();
         match policy {
-            AfterDeadLetter::Release => assert_eq!(published, vec![ids[1]]),
+            AfterDeadLetter::Release => assert_eq!(published, vec![follower]),
             AfterDeadLetter::Block => {
                 assert!(published.is_empty());
                 // An operator purges the dead letter: the aggregate flows again.
                 let dl = DeadLetters::new(db.pool.clone(), &db.outbox);
                 assert_eq!(dl.purge(&DeadLetterFilter::id(head)).await.unwrap(), 1);
                 relay.run_once().await.unwrap();
-                assert_eq!(relay.publisher().published_ids(), vec![ids[1]]);
+                assert_eq!(relay.publisher().published_ids(), vec![follower]);
             }
         }
         db.drop_schema().await.unwrap();

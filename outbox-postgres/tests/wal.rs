@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use pgoutbox_core::NewEvent;
-use pgoutbox_postgres::testing::{TestOutbox, TestSlot};
+use pgoutbox_postgres::testing::{TestOutbox, TestSlot, Writer};
 use pgoutbox_postgres::wal::{WalEvent, WalOutbox, WalStream};
 use pgoutbox_postgres::Error;
 use uuid::Uuid;
@@ -55,6 +55,46 @@ async fn confirmed_lsn(outbox: &TestOutbox, slot: &TestSlot) -> Option<i64> {
     .unwrap()
 }
 
+/// Wait until the slot's confirmed position is at `lsn` or past it (at most
+/// `limit`), doing `meanwhile` between looks.
+async fn wait_until_confirmed(
+    outbox: &TestOutbox,
+    slot: &TestSlot,
+    lsn: i64,
+    limit: Duration,
+    mut meanwhile: impl AsyncFnMut(),
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let confirmed = confirmed_lsn(outbox, slot).await;
+        if confirmed.is_some_and(|confirmed| confirmed >= lsn) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot stays at {confirmed:?}, short of {lsn}, after {limit:?}"
+        );
+        meanwhile().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A fresh outbox, a slot of its own, a WAL writer for the outbox and a reader of
+/// the slot.
+async fn reading_a_fresh_slot() -> (TestOutbox, TestSlot, WalOutbox, WalStream) {
+    let outbox = TestOutbox::new().await.unwrap();
+    let slot = TestSlot::create(&outbox).await;
+    let wal = WalOutbox::new(&outbox.tables);
+    let stream = slot.stream(&wal).await;
+    (outbox, slot, wal, stream)
+}
+
+/// Close the reader and drop the outbox.
+async fn close(stream: WalStream, outbox: &TestOutbox) {
+    stream.close().await.unwrap();
+    outbox.drop_schema().await.unwrap();
+}
+
 fn ids(events: &[pgoutbox_core::Event]) -> Vec<Uuid> {
     events.iter().map(|e| e.id).collect()
 }
@@ -75,21 +115,14 @@ async fn assert_next_read_is_a_new_marker(outbox: &TestOutbox, stream: &mut WalS
 
 #[tokio::test(flavor = "multi_thread")]
 async fn only_committed_events_are_read_in_commit_order() {
-    let outbox = TestOutbox::new().await.unwrap();
-    let slot = TestSlot::create(&outbox).await;
-    let wal = WalOutbox::new(&outbox.tables);
-    let mut stream = slot.stream(&wal).await;
+    let (outbox, _slot, wal, mut stream) = reading_a_fresh_slot().await;
 
     // Committed: two events of one aggregate.
     let first = [event("a", 1), event("a", 2)];
-    let mut tx = outbox.pool.begin().await.unwrap();
-    wal.enqueue_many(&mut tx, &first).await.unwrap();
-    tx.commit().await.unwrap();
+    outbox.write(Writer::Wal, &first, true).await.unwrap();
     // Rolled back: never read.
-    let lost = event("b", 1);
-    let mut tx = outbox.pool.begin().await.unwrap();
-    wal.enqueue(&mut tx, &lost).await.unwrap();
-    tx.rollback().await.unwrap();
+    let lost = [event("b", 1)];
+    outbox.write(Writer::Wal, &lost, false).await.unwrap();
     // Two transactions open at once: the one that commits first is read first,
     // whatever the order of their writes.
     let (early, late) = (event("c", 1), event("a", 3));
@@ -114,8 +147,7 @@ async fn only_committed_events_are_read_in_commit_order() {
     let (events, _) = next_transaction(&mut stream).await;
     assert_eq!(ids(&events), [late.id]);
 
-    stream.close().await.unwrap();
-    outbox.drop_schema().await.unwrap();
+    close(stream, &outbox).await;
 }
 
 fn ids_of(events: &[NewEvent]) -> Vec<Uuid> {
@@ -142,18 +174,8 @@ async fn an_acknowledged_transaction_is_not_read_again_the_rest_is() {
     let (events, _) = next_transaction(&mut stream).await;
     assert_eq!(ids(&events), [two.id]);
     // The server confirms what was acknowledged.
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let confirmed = confirmed_lsn(&outbox, &slot).await;
-        if confirmed.is_some_and(|lsn| lsn as u64 >= end_lsn) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the slot never confirmed {end_lsn}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let end_lsn = i64::try_from(end_lsn).unwrap();
+    wait_until_confirmed(&outbox, &slot, end_lsn, WAIT, async || {}).await;
     stream.close().await.unwrap();
 
     // A new reader (the relay restarted) starts after the acknowledged one.
@@ -164,16 +186,12 @@ async fn an_acknowledged_transaction_is_not_read_again_the_rest_is() {
         [two.id],
         "at least once: the unacknowledged one again"
     );
-    stream.close().await.unwrap();
-    outbox.drop_schema().await.unwrap();
+    close(stream, &outbox).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_events_are_refused_and_nothing_is_written() {
-    let outbox = TestOutbox::new().await.unwrap();
-    let slot = TestSlot::create(&outbox).await;
-    let wal = WalOutbox::new(&outbox.tables);
-    let mut stream = slot.stream(&wal).await;
+    let (outbox, _slot, wal, mut stream) = reading_a_fresh_slot().await;
 
     let mut delayed = event("a", 1);
     delayed.not_before = Some(chrono::Utc::now() + chrono::Duration::minutes(5));
@@ -196,8 +214,7 @@ async fn bad_events_are_refused_and_nothing_is_written() {
     let (events, _) = next_transaction(&mut stream).await;
     assert_eq!(ids(&events), [marker.id]);
 
-    stream.close().await.unwrap();
-    outbox.drop_schema().await.unwrap();
+    close(stream, &outbox).await;
 }
 
 async fn rows(conn: &mut sqlx::PgConnection, table: &str) -> i64 {
@@ -215,10 +232,7 @@ async fn rows(conn: &mut sqlx::PgConnection, table: &str) -> i64 {
 async fn commit_writes_the_events_with_the_transaction_or_nothing() {
     use sqlx::Connection;
 
-    let outbox = TestOutbox::new().await.unwrap();
-    let slot = TestSlot::create(&outbox).await;
-    let wal = WalOutbox::new(&outbox.tables);
-    let mut stream = slot.stream(&wal).await;
+    let (outbox, _slot, wal, mut stream) = reading_a_fresh_slot().await;
     let business = format!("{}.commit_test", outbox.tables.schema());
     sqlx::query(&format!("CREATE TABLE {business} (n int)"))
         .execute(&outbox.pool)
@@ -295,8 +309,7 @@ async fn commit_writes_the_events_with_the_transaction_or_nothing() {
     assert_next_read_is_a_new_marker(&outbox, &mut stream).await;
 
     conn.close().await.unwrap();
-    stream.close().await.unwrap();
-    outbox.drop_schema().await.unwrap();
+    close(stream, &outbox).await;
 }
 
 /// One setting switches a producer: the same `Outbox` calls write to the WAL
@@ -305,9 +318,7 @@ async fn commit_writes_the_events_with_the_transaction_or_nothing() {
 async fn with_wal_switches_the_same_outbox_calls_to_the_wal() {
     use pgoutbox_postgres::Outbox;
 
-    let outbox = TestOutbox::new().await.unwrap();
-    let slot = TestSlot::create(&outbox).await;
-    let mut stream = slot.stream(&WalOutbox::new(&outbox.tables)).await;
+    let (outbox, _slot, _, mut stream) = reading_a_fresh_slot().await;
     for wal in [true, false] {
         let writer = Outbox::new(outbox.tables.clone()).with_wal(wal);
         assert_eq!(writer.is_wal(), wal);
@@ -332,8 +343,7 @@ async fn with_wal_switches_the_same_outbox_calls_to_the_wal() {
     // Table mode wrote nothing to the WAL.
     assert_next_read_is_a_new_marker(&outbox, &mut stream).await;
 
-    stream.close().await.unwrap();
-    outbox.drop_schema().await.unwrap();
+    close(stream, &outbox).await;
 }
 
 /// The core relay over a [`WalStore`]: a failing event parks in the outbox table
@@ -359,14 +369,8 @@ async fn a_failed_event_parks_in_the_table_with_its_followers_others_flow() {
         event("b", 1),
         event("b", 2),
     );
-    let mut tx = outbox.pool.begin().await.unwrap();
-    wal.enqueue_many(
-        &mut tx,
-        &[a1.clone(), b1.clone(), a2.clone(), a3.clone(), b2.clone()],
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    let first = [a1.clone(), b1.clone(), a2.clone(), a3.clone(), b2.clone()];
+    outbox.write(Writer::Wal, &first, true).await.unwrap();
     let (a4, b3) = (event("a", 4), event("b", 3));
     // Where the WAL is before the last transaction commits: once the slot's
     // confirmed position is past it, everything was acknowledged.
@@ -438,19 +442,10 @@ async fn a_failed_event_parks_in_the_table_with_its_followers_others_flow() {
     // events but what the table says: a later event of aggregate a waits too. (The
     // first relay's acknowledgements reached the server first: the new one reads
     // only what follows, not the failure again.)
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let confirmed = confirmed_lsn(&outbox, &slot).await;
-        if confirmed.is_some_and(|lsn| lsn > before_last) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the slot never confirmed the last transaction"
-        );
+    wait_until_confirmed(&outbox, &slot, before_last + 1, WAIT, async || {
         relay.run_once().await.unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     drop(relay);
     let a5 = event("a", 5);
     let mut conn = outbox.pool.acquire().await.unwrap();
@@ -570,18 +565,9 @@ async fn an_idle_relay_lets_the_slot_follow_the_server_for_60_s() {
         .find(|(when, _)| *when + heartbeat <= IDLE)
         .map(|(_, lsn)| *lsn)
         .unwrap();
-    let deadline = Instant::now() + heartbeat + Duration::from_secs(10);
-    loop {
-        let confirmed = confirmed_lsn(&outbox, &slot).await;
-        if confirmed.is_some_and(|lsn| lsn >= target) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the slot stays at {confirmed:?}; the server was at {target} a heartbeat before the idle period ended"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // (The server was at `target` a heartbeat before the idle period ended.)
+    let limit = heartbeat + Duration::from_secs(10);
+    wait_until_confirmed(&outbox, &slot, target, limit, async || {}).await;
     let _ = stop.send(());
     running.await.unwrap();
     outbox.drop_schema().await.unwrap();

@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{event, fast_config};
+use common::{event, fast_config, head_and_follower};
 use pgoutbox_core::testing::RecordingPublisher;
 use pgoutbox_core::{PublishError, Relay};
 use pgoutbox_postgres::testing::TestOutbox;
-use pgoutbox_postgres::{AfterDeadLetter, DeadLetterFilter, DeadLetters, PgStore, StoreConfig};
+use pgoutbox_postgres::{AfterDeadLetter, DeadLetterFilter, DeadLetters, PgStore};
 use uuid::Uuid;
 
 fn events_table(db: &TestOutbox) -> String {
@@ -169,16 +169,9 @@ async fn the_walk_start_waits_for_a_producer_that_took_its_seq_before_writing() 
 #[tokio::test]
 async fn a_dead_letter_retried_behind_the_walk_start_is_claimed_next_in_order() {
     for policy in [AfterDeadLetter::Release, AfterDeadLetter::Block] {
-        let db = TestOutbox::new().await.unwrap();
-        let ids = db
-            .enqueue_committed(&[event("x", 0), event("x", 1)])
-            .await
-            .unwrap();
+        let (db, store, ids) = head_and_follower(policy).await;
         let head = ids[0];
         let head_seq = seq_of(&db, head).await;
-        let store = db
-            .store()
-            .with_config(StoreConfig::default().after_dead_letter(policy));
         let refuse = Arc::new(AtomicBool::new(true));
         let refusing = Arc::clone(&refuse);
         let publisher = RecordingPublisher::failing_when(move |e| {

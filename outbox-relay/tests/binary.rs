@@ -7,11 +7,11 @@ mod common;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{
-    command, dead_count, enqueue, free_port, get, pending_ids, sample, wait_until_drained, Config,
-    RelayProcess,
+    command, dead_count, drop_schema, enqueue, free_port, get, pending_ids, poll, sample, wait_for,
+    wait_until_drained, Config, RelayProcess,
 };
 
 use pgoutbox_core::testing::RecordingPublisher;
@@ -77,10 +77,7 @@ async fn migrate_twice_is_fine() {
         .await
         .unwrap();
     assert!(exists.is_some());
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    drop_schema(&pool, &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -122,27 +119,25 @@ async fn relay_publishes_everything_and_stops_cleanly_on_sigterm() {
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_and_health_endpoints() {
     let outbox = TestOutbox::new().await.unwrap();
-    let port = free_port();
-    let config = Config::for_schema(
-        outbox.tables.schema().as_str(),
-        &format!("127.0.0.1:{port}"),
-    );
+    let (config, port) = Config::with_http(&outbox);
     dead_letters(&outbox, "payment.refused", 1).await;
     let ids = enqueue(&outbox, 30).await;
     let relay = RelayProcess::start(&config.path);
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let metrics = loop {
-        assert!(Instant::now() < deadline, "metrics never showed the drain");
-        if let Some((200, body)) = get(port, "/metrics") {
-            let published = sample(&body, "outbox_events_published_total");
-            let pending = sample(&body, "outbox_events_pending");
-            if published == Some(ids.len() as f64) && pending == Some(0.0) {
-                break body;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let drained = |body: &str| {
+        sample(body, "outbox_events_published_total") == Some(ids.len() as f64)
+            && sample(body, "outbox_events_pending") == Some(0.0)
     };
+    let metrics = poll(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            get(port, "/metrics")
+                .and_then(|(status, body)| (status == 200 && drained(&body)).then_some(body))
+        },
+    )
+    .await
+    .expect("metrics never showed the drain");
     let outbox_label = format!("outbox=\"{}.outbox_events\"", outbox.tables.schema());
     assert!(
         metrics
@@ -205,11 +200,7 @@ async fn metrics_and_health_endpoints() {
 #[tokio::test(flavor = "multi_thread")]
 async fn healthz_fails_while_a_claim_loop_is_stuck() {
     let outbox = TestOutbox::new().await.unwrap();
-    let port = free_port();
-    let config = Config::for_schema(
-        outbox.tables.schema().as_str(),
-        &format!("127.0.0.1:{port}"),
-    );
+    let (config, port) = Config::with_http(&outbox);
     let ids = enqueue(&outbox, 1).await;
     // Hold the event's row: the relay claims it (advisory lock), publishes it, and
     // its delete then waits for this transaction.
@@ -227,17 +218,13 @@ async fn healthz_fails_while_a_claim_loop_is_stuck() {
         .env("OUTBOX_HTTP_STUCK_AFTER", "2s");
     let relay = RelayProcess::spawn(cmd);
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let stuck = loop {
-        assert!(
-            Instant::now() < deadline,
-            "/healthz never reported the stuck loop"
-        );
-        if let Some((503, body)) = get(port, "/healthz") {
-            break body;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let stuck = poll(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || get(port, "/healthz").and_then(|(status, body)| (status == 503).then_some(body)),
+    )
+    .await
+    .expect("/healthz never reported the stuck loop");
     assert!(
         stuck.starts_with("stuck: a claim loop has not finished a cycle for"),
         "{stuck}"
@@ -248,11 +235,10 @@ async fn healthz_fails_while_a_claim_loop_is_stuck() {
     assert_eq!(ready.0, 200, "stuck is not unready: {}", ready.1);
 
     holder.rollback().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while get(port, "/healthz").map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "/healthz did not recover");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for("recovery on /healthz", Duration::from_secs(30), || {
+        get(port, "/healthz").map(|r| r.0) == Some(200)
+    })
+    .await;
     assert!(
         pending_ids(&outbox).await.is_empty(),
         "recorded once the lock went"
@@ -541,10 +527,7 @@ async fn migrate_prints_sql_for_a_migration_tool_and_creates_the_inbox_alone() {
     .unwrap();
     assert_eq!(tables, vec!["processed_events".to_string()]);
     for s in [&schema, &inbox_schema] {
-        sqlx::query(&format!("DROP SCHEMA \"{s}\" CASCADE"))
-            .execute(&pool)
-            .await
-            .unwrap();
+        drop_schema(&pool, s).await;
     }
 }
 
@@ -591,10 +574,7 @@ async fn the_binary_speaks_tls_to_postgres_with_a_password_from_a_file() {
     );
 
     let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    drop_schema(&pool, &schema).await;
 }
 
 /// A relay newer than the outbox's schema says which migration is missing, and
@@ -647,17 +627,18 @@ async fn relay_publishes_to_nats_over_tls() {
     std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
     let outbox = TestOutbox::new().await.unwrap();
     let stream = format!("OUTBOX_TLS_{}", &Uuid::new_v4().simple().to_string()[..12]);
-    let base = Config::for_schema(outbox.tables.schema().as_str(), "0");
-    let text = std::fs::read_to_string(&base.path)
-        .unwrap()
-        .replace("kind = \"stdout\"", "kind = \"nats\"");
-    let config = Config::new(&format!(
-        "{text}\n[broker.nats]\nurl = \"{url}\"\ntls_ca = \"{ca}\"\nuser = \"{USER}\"\n\
-         password_file = \"{password}\"\nsubject_prefix = \"tlstest\"\nensure_stream = \"{stream}\"\n",
-        url = server.url(),
-        ca = tls_env("OUTBOX_TLS_CA"),
-        password = password_file.display(),
-    ));
+    let config = Config::with_broker(
+        outbox.tables.schema().as_str(),
+        "0",
+        &format!(
+            "[broker]\nkind = \"nats\"\n[broker.nats]\nurl = \"{url}\"\ntls_ca = \"{ca}\"\n\
+             user = \"{USER}\"\npassword_file = \"{password}\"\nsubject_prefix = \"tlstest\"\n\
+             ensure_stream = \"{stream}\"\n",
+            url = server.url(),
+            ca = tls_env("OUTBOX_TLS_CA"),
+            password = password_file.display(),
+        ),
+    );
     let ids = enqueue(&outbox, 20).await;
     let relay = RelayProcess::start(&config.path);
     wait_until_drained(&outbox, Duration::from_secs(30)).await;
@@ -688,16 +669,14 @@ async fn relay_publishes_to_nats_jetstream() {
     let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
     let stream = format!("OUTBOX_RELAY_TEST_{tag}");
     let port = free_port();
-    let base = Config::for_schema(
+    let config = Config::with_broker(
         outbox.tables.schema().as_str(),
         &format!("127.0.0.1:{port}"),
+        &format!(
+            "[broker]\nkind = \"nats\"\n[broker.nats]\nsubject_prefix = \"relaytest{tag}\"\n\
+             ensure_stream = \"{stream}\"\n"
+        ),
     );
-    let text = std::fs::read_to_string(&base.path)
-        .unwrap()
-        .replace("kind = \"stdout\"", "kind = \"nats\"");
-    let config = Config::new(&format!(
-        "{text}\n[broker.nats]\nsubject_prefix = \"relaytest{tag}\"\nensure_stream = \"{stream}\"\n"
-    ));
     let ids = enqueue(&outbox, 20).await;
     let relay = RelayProcess::start(&config.path);
     wait_until_drained(&outbox, Duration::from_secs(30)).await;
@@ -746,11 +725,12 @@ async fn check_reports_the_database_and_the_broker() {
     );
 
     if cfg!(feature = "nats") {
-        let text_config = std::fs::read_to_string(&config.path).unwrap().replace(
-            "kind = \"stdout\"",
-            "kind = \"nats\"\n[broker.nats]\nurl = \"nats://app:pw-sentinel@127.0.0.1:1\"\ntimeout = \"1s\"",
+        let down = Config::with_broker(
+            outbox.tables.schema().as_str(),
+            "0",
+            "[broker]\nkind = \"nats\"\n[broker.nats]\nurl = \"nats://app:pw-sentinel@127.0.0.1:1\"\n\
+             timeout = \"1s\"\n",
         );
-        let down = Config::new(&text_config);
         let failed = run(&down.path, &["check"]);
         let stderr = text(&failed.stderr);
         assert_eq!(failed.status.code(), Some(1), "{stderr}");

@@ -54,11 +54,7 @@ async fn publish_through_binary(
 ) -> (TestOutbox, HashMap<String, Vec<Uuid>>) {
     let outbox = TestOutbox::new().await.unwrap();
     let runs = enqueue(&outbox).await;
-    let base = Config::for_schema(outbox.tables.schema().as_str(), "0");
-    let text = std::fs::read_to_string(&base.path)
-        .unwrap()
-        .replace("[broker]\nkind = \"stdout\"\n", "");
-    let config = Config::new(&format!("{text}\n{broker}"));
+    let config = Config::with_broker(outbox.tables.schema().as_str(), "0", broker);
     let mut cmd = command(&config.path, &["relay"]);
     for (name, value) in env {
         cmd.env(name, value);
@@ -70,6 +66,27 @@ async fn publish_through_binary(
     assert!(status.success(), "{}", log.lines().join("\n"));
     assert_eq!(dead_count(&outbox).await, 0, "{}", log.lines().join("\n"));
     (outbox, runs)
+}
+
+/// Read (aggregate id, event id) pairs with `read_some` until as many arrived as
+/// the tests enqueue (at most 60 s), then check them against `runs`.
+#[allow(dead_code)] // not every broker feature is compiled in every build
+async fn assert_read_back(
+    runs: &HashMap<String, Vec<Uuid>>,
+    mut read_some: impl AsyncFnMut() -> Vec<(String, Uuid)>,
+) {
+    let total = AGGREGATES * PER_AGGREGATE;
+    let mut received = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while received.len() < total {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {total} messages read back",
+            received.len()
+        );
+        received.extend(read_some().await);
+    }
+    assert_delivered(&received, runs);
 }
 
 #[cfg(feature = "amqp")]
@@ -90,27 +107,25 @@ async fn relay_publishes_to_rabbitmq() {
         .await
         .unwrap();
     let channel = connection.create_channel().await.unwrap();
+    let auto_delete = ExchangeDeclareOptions {
+        auto_delete: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    let exclusive = QueueDeclareOptions {
+        exclusive: true,
+        ..QueueDeclareOptions::default()
+    };
     channel
         .exchange_declare(
             &exchange,
             ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                auto_delete: true,
-                ..ExchangeDeclareOptions::default()
-            },
+            auto_delete,
             FieldTable::default(),
         )
         .await
         .unwrap();
     let queue = channel
-        .queue_declare(
-            "",
-            QueueDeclareOptions {
-                exclusive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+        .queue_declare("", exclusive, FieldTable::default())
         .await
         .unwrap();
     channel
@@ -191,22 +206,15 @@ async fn relay_publishes_to_kafka_on_tansu() {
         .create()
         .unwrap();
     consumer.subscribe(&[&topic]).unwrap();
-    let total = AGGREGATES * PER_AGGREGATE;
-    let mut received = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while received.len() < total {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "only {} of {total} messages read back",
-            received.len()
-        );
-        if let Ok(Ok(message)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await
-        {
-            let metadata = pgoutbox_kafka::metadata(&message).unwrap();
-            received.push((metadata.aggregate_id.clone(), metadata.event_id));
-        }
-    }
-    assert_delivered(&received, &runs);
+    assert_read_back(&runs, async || {
+        let Ok(Ok(message)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await
+        else {
+            return Vec::new();
+        };
+        let metadata = pgoutbox_kafka::metadata(&message).unwrap();
+        vec![(metadata.aggregate_id, metadata.event_id)]
+    })
+    .await;
     outbox.drop_schema().await.unwrap();
 }
 
@@ -257,15 +265,8 @@ async fn relay_publishes_to_sqs_on_moto() {
     )
     .await;
 
-    let total = AGGREGATES * PER_AGGREGATE;
-    let mut received = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while received.len() < total {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "only {} of {total} messages read back",
-            received.len()
-        );
+    assert_read_back(&runs, async || {
+        let mut received = Vec::new();
         let got = client
             .receive_message()
             .queue_url(&queue_url)
@@ -293,8 +294,9 @@ async fn relay_publishes_to_sqs_on_moto() {
                 .await
                 .unwrap();
         }
-    }
-    assert_delivered(&received, &runs);
+        received
+    })
+    .await;
     client
         .delete_queue()
         .queue_url(&queue_url)

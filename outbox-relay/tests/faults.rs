@@ -16,17 +16,18 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use futures_util::StreamExt;
+use tokio::sync::MutexGuard;
 
 use common::{
-    dead_count, free_port, get, qualified, sample, wait_until_drained, Config, RelayProcess,
+    dead_count, free_port, get, ids_where, qualified, sample, wait_for, wait_until_drained, Config,
+    RelayProcess,
 };
 use pgoutbox_core::conformance::proxy::TcpProxy;
-use pgoutbox_core::testing::{check_first_arrivals, resolve_url};
+use pgoutbox_core::testing::{check_first_arrivals, event, resolve_url};
 use pgoutbox_core::NewEvent;
 use pgoutbox_nats::async_nats::jetstream::{self, stream};
 use pgoutbox_nats::{async_nats, EventConsumer};
-use pgoutbox_postgres::testing::{database_url, TestOutbox};
-use pgoutbox_postgres::wal::WalOutbox;
+use pgoutbox_postgres::testing::{database_url, TestOutbox, Writer};
 use pgoutbox_postgres::Ident;
 use uuid::Uuid;
 
@@ -222,40 +223,22 @@ fn events_table(outbox: &TestOutbox) -> String {
     qualified(outbox, outbox.tables.events())
 }
 
-/// How the producers write: into the outbox table, or to the WAL.
-#[derive(Clone)]
-enum Writer {
-    Table,
-    Wal(WalOutbox),
-}
-
-async fn commit(outbox: &TestOutbox, writer: &Writer, events: &[NewEvent]) {
-    let mut tx = outbox.pool.begin().await.unwrap();
-    match writer {
-        Writer::Table => outbox.outbox.enqueue_many(&mut tx, events).await.map(drop),
-        Writer::Wal(wal) => wal.enqueue_many(&mut tx, events).await.map(drop),
-    }
-    .unwrap();
-    tx.commit().await.unwrap();
-}
-
 async fn dead_letter_ids(outbox: &TestOutbox) -> Vec<Uuid> {
-    sqlx::query_scalar(&format!(
-        "SELECT id FROM {} WHERE dead_at IS NOT NULL",
-        events_table(outbox)
-    ))
-    .fetch_all(&outbox.pool)
-    .await
-    .unwrap()
+    ids_where(outbox, outbox.tables.events(), "dead_at IS NOT NULL").await
 }
 
-/// Wait (at most `limit`) for `condition`.
-async fn wait_for(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !condition() {
-        assert!(Instant::now() < deadline, "no {what} within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// What each test starts with: its turn ([`ONE_AT_A_TIME`]), a fresh outbox and a
+/// stream of its own.
+async fn start() -> (MutexGuard<'static, ()>, TestOutbox, Stream) {
+    let turn = ONE_AT_A_TIME.lock().await;
+    let outbox = TestOutbox::new().await.unwrap();
+    (turn, outbox, Stream::create().await)
+}
+
+/// Delete what [`start`] made.
+async fn finish(stream: Stream, outbox: TestOutbox) {
+    stream.delete().await;
+    outbox.drop_schema().await.unwrap();
 }
 
 /// A small random generator for the test's choices; its seed is printed.
@@ -282,50 +265,62 @@ impl Dice {
 /// id was committed.
 type Produced = (Vec<Vec<Uuid>>, HashMap<Uuid, Instant>);
 
-/// Events over `aggregates` aggregates, committed by `producers` concurrent
-/// producers in transactions of `per_tx` events with `pause` between them; each
-/// aggregate has one producer, so its events' commit order is their order. Returns
-/// each aggregate's ids in that order, and when each id was committed.
-async fn produce(
-    outbox: &TestOutbox,
-    writer: &Writer,
+/// What the producers write: `events` events over `aggregates` aggregates, with
+/// `writer`, by `producers` concurrent producers in transactions of `per_tx`
+/// events with `pause` between them.
+#[derive(Clone, Copy)]
+struct Load {
+    writer: Writer,
     producers: usize,
     aggregates: usize,
     events: usize,
     per_tx: usize,
     pause: Duration,
-) -> Produced {
-    let tasks = (0..producers).map(|p| {
+}
+
+impl Load {
+    /// The chaos tests' load: `events` events over 500 aggregates, written with
+    /// `writer` by four producers, each a transaction of `per_tx` events every 900 ms.
+    fn chaos(writer: Writer, events: usize, per_tx: usize) -> Self {
+        Self {
+            writer,
+            producers: 4,
+            aggregates: 500,
+            events,
+            per_tx,
+            pause: Duration::from_millis(900),
+        }
+    }
+}
+
+/// Write `load`; each aggregate has one producer, so its events' commit order is
+/// their order. Returns each aggregate's ids in that order, and when each id was
+/// committed.
+async fn produce(outbox: &TestOutbox, load: Load) -> Produced {
+    let tasks = (0..load.producers).map(|p| {
         let outbox = outbox.clone();
-        let writer = writer.clone();
         async move {
             // This producer's aggregates: p, p + producers, ...
-            let mine: Vec<usize> = (p..aggregates).step_by(producers).collect();
-            let count = events / producers;
+            let mine: Vec<usize> = (p..load.aggregates).step_by(load.producers).collect();
+            let count = load.events / load.producers;
             let mut runs: HashMap<usize, Vec<Uuid>> = HashMap::new();
             let mut committed = HashMap::new();
-            for chunk in (0..count).collect::<Vec<_>>().chunks(per_tx) {
+            for chunk in (0..count).collect::<Vec<_>>().chunks(load.per_tx) {
                 let batch: Vec<(usize, NewEvent)> = chunk
                     .iter()
                     .map(|&k| {
                         let aggregate = mine[k % mine.len()];
-                        let event = NewEvent::new(
-                            "order",
-                            format!("o-{aggregate}"),
-                            "order.changed",
-                            &serde_json::json!({ "k": k }),
-                        );
-                        (aggregate, event)
+                        (aggregate, event(&format!("o-{aggregate}"), k))
                     })
                     .collect();
                 let events: Vec<NewEvent> = batch.iter().map(|(_, e)| e.clone()).collect();
-                commit(&outbox, &writer, &events).await;
+                outbox.write(load.writer, &events, true).await.unwrap();
                 let now = Instant::now();
                 for (aggregate, event) in batch {
                     runs.entry(aggregate).or_default().push(event.id);
                     committed.insert(event.id, now);
                 }
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep(load.pause).await;
             }
             (runs, committed)
         }
@@ -340,22 +335,9 @@ async fn produce(
 }
 
 /// [`produce`] on a task of its own, so that the test can act while it writes.
-fn spawn_produce(
-    outbox: &TestOutbox,
-    writer: Writer,
-    producers: usize,
-    aggregates: usize,
-    events: usize,
-    per_tx: usize,
-    pause: Duration,
-) -> tokio::task::JoinHandle<Produced> {
+fn spawn_produce(outbox: &TestOutbox, load: Load) -> tokio::task::JoinHandle<Produced> {
     let outbox = outbox.clone();
-    tokio::spawn(async move {
-        produce(
-            &outbox, &writer, producers, aggregates, events, per_tx, pause,
-        )
-        .await
-    })
+    tokio::spawn(async move { produce(&outbox, load).await })
 }
 
 /// Until `producing` finishes: every 1-3 s (picked by [`Dice`]), kill one of
@@ -391,6 +373,28 @@ fn terminate_all(relays: Vec<RelayProcess>) {
     }
 }
 
+/// What the chaos tests demand: `events` produced in `runs`, none of them missing
+/// from the stream (`arrivals`), at most `bound` repeats among the `publishes`, and
+/// each aggregate's first arrivals in order in both.
+fn assert_nothing_lost_and_in_order(
+    runs: &[Vec<Uuid>],
+    events: usize,
+    arrivals: &[Uuid],
+    publishes: &[Uuid],
+    bound: usize,
+) {
+    assert_eq!(runs.iter().map(Vec::len).sum::<usize>(), events);
+    let (lost, _) = tally(arrivals, runs);
+    assert_eq!(lost, 0, "events lost");
+    let (_, duplicates) = tally(publishes, runs);
+    assert!(
+        duplicates <= bound,
+        "{duplicates} repeats, more than {bound}"
+    );
+    check_first_arrivals(arrivals, runs).expect("per-aggregate order in the stream");
+    check_first_arrivals(publishes, runs).expect("per-aggregate order of the publishes");
+}
+
 /// Lost, and how many arrivals were repeats.
 fn tally(arrivals: &[Uuid], runs: &[Vec<Uuid>]) -> (usize, usize) {
     let arrived: HashSet<Uuid> = arrivals.iter().copied().collect();
@@ -409,9 +413,7 @@ fn tally(arrivals: &[Uuid], runs: &[Vec<Uuid>]) -> (usize, usize) {
 /// dead-lettered alone in the same run.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let outbox = TestOutbox::new().await.unwrap();
-    let stream = Stream::create().await;
+    let (_turn, outbox, stream) = start().await;
     let proxy = TcpProxy::start(nats_addr()).expect("proxy");
     let port = free_port();
     let config = relay_config(
@@ -435,16 +437,7 @@ async fn a_broker_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
     proxy.cut();
     let outage_began = Instant::now();
     // Five events on each of eight orders, interleaved; and one too large for NATS.
-    let events: Vec<NewEvent> = (0..40)
-        .map(|i| {
-            NewEvent::new(
-                "order",
-                format!("o-{}", i % 8),
-                "order.changed",
-                &serde_json::json!({ "i": i }),
-            )
-        })
-        .collect();
+    let events: Vec<NewEvent> = (0..40).map(|i| event(&format!("o-{}", i % 8), i)).collect();
     let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
     let big = NewEvent::new(
         "order",
@@ -452,8 +445,11 @@ async fn a_broker_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
         "order.created",
         &serde_json::json!({ "blob": "x".repeat(1_200_000) }),
     );
-    commit(&outbox, &Writer::Table, &events).await;
-    commit(&outbox, &Writer::Table, std::slice::from_ref(&big)).await;
+    outbox.write(Writer::Table, &events, true).await.unwrap();
+    outbox
+        .write(Writer::Table, std::slice::from_ref(&big), true)
+        .await
+        .unwrap();
 
     // The relay meets the outage at its first publish and pauses.
     let outage_body = || {
@@ -521,8 +517,7 @@ async fn a_broker_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
         drained_after.as_secs_f64(),
         duplicates,
     );
-    stream.delete().await;
-    outbox.drop_schema().await.unwrap();
+    finish(stream, outbox).await;
 }
 
 /// Four relay processes drain while producers write 40,000 events over 500
@@ -534,14 +529,11 @@ async fn a_broker_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn relays_killed_at_random_lose_nothing_and_keep_order() {
     const RELAYS: usize = 4;
-    const AGGREGATES: usize = 500;
-    const EVENTS: usize = 40_000;
     const BATCH_SIZE: usize = 50;
     const WORKERS: usize = 2;
-    let _one = ONE_AT_A_TIME.lock().await;
+    let load = Load::chaos(Writer::Table, 40_000, 500);
+    let (_turn, outbox, stream) = start().await;
     let began = Instant::now();
-    let outbox = TestOutbox::new().await.unwrap();
-    let stream = Stream::create().await;
     let tap = stream.tap().await;
     let config = relay_config(
         &outbox,
@@ -552,15 +544,7 @@ async fn relays_killed_at_random_lose_nothing_and_keep_order() {
     );
     let mut relays = start_relays(&config, RELAYS);
 
-    let producing = spawn_produce(
-        &outbox,
-        Writer::Table,
-        4,
-        AGGREGATES,
-        EVENTS,
-        500,
-        Duration::from_millis(900),
-    );
+    let producing = spawn_produce(&outbox, load);
     let kills = kill_at_random_while(&producing, &mut relays, &config)
         .await
         .len();
@@ -573,36 +557,30 @@ async fn relays_killed_at_random_lose_nothing_and_keep_order() {
 
     let arrivals = stream.read_all(Duration::from_secs(60)).await;
     let (lost, stored_repeats) = tally(&arrivals, &runs);
-    let published = tap.stop(EVENTS, Duration::from_secs(30)).await;
+    let published = tap.stop(load.events, Duration::from_secs(30)).await;
     let (_, duplicates) = tally(&published, &runs);
     let bound = kills * BATCH_SIZE * WORKERS;
     println!(
-        "chaos: {RELAYS} relays (batch {BATCH_SIZE}, {WORKERS} workers), {EVENTS} events over \
-         {AGGREGATES} aggregates written in {:.1} s while {kills} relays were killed with \
+        "chaos: {RELAYS} relays (batch {BATCH_SIZE}, {WORKERS} workers), {} events over \
+         {} aggregates written in {:.1} s while {kills} relays were killed with \
          SIGKILL; drained {:.1} s after the last write; {} publishes, {duplicates} of them \
          repeats (bound {bound} = kills x batch x workers); {} messages stored: {lost} lost, \
          {stored_repeats} repeats (JetStream dropped the others by event id); total {:.1} s",
+        load.events,
+        load.aggregates,
         produced_in.as_secs_f64(),
         drained_in.as_secs_f64(),
         published.len(),
         arrivals.len(),
         began.elapsed().as_secs_f64(),
     );
-    assert_eq!(runs.iter().map(Vec::len).sum::<usize>(), EVENTS);
     assert!(
         kills >= 5,
         "only {kills} kills: the run was too short to mean much"
     );
-    assert_eq!(lost, 0, "events lost");
-    assert!(
-        duplicates <= bound,
-        "{duplicates} repeats, more than {bound}"
-    );
-    check_first_arrivals(&arrivals, &runs).expect("per-aggregate order in the stream");
-    check_first_arrivals(&published, &runs).expect("per-aggregate order of the publishes");
+    assert_nothing_lost_and_in_order(&runs, load.events, &arrivals, &published, bound);
     assert_eq!(dead_count(&outbox).await, 0);
-    stream.delete().await;
-    outbox.drop_schema().await.unwrap();
+    finish(stream, outbox).await;
 }
 
 /// WAL mode: two relays on one slot (the server lets one read it, the other stands
@@ -613,13 +591,9 @@ async fn relays_killed_at_random_lose_nothing_and_keep_order() {
 /// standby publishes again within 5 s.
 #[tokio::test(flavor = "multi_thread")]
 async fn wal_relays_killed_at_random_lose_nothing_and_the_standby_takes_over() {
-    const AGGREGATES: usize = 500;
-    const EVENTS: usize = 20_000;
-    const PRODUCERS: usize = 4;
-    let _one = ONE_AT_A_TIME.lock().await;
+    let load = Load::chaos(Writer::Wal, 20_000, 100);
+    let (_turn, outbox, stream) = start().await;
     let began = Instant::now();
-    let outbox = TestOutbox::new().await.unwrap();
-    let stream = Stream::create().await;
     let tap = stream.tap().await;
     let slot = Ident::new("slot", &format!("outbox_faults_{}", &stream.prefix[14..26])).unwrap();
     let _cleanup = common::DropSlot(slot.clone());
@@ -640,20 +614,12 @@ async fn wal_relays_killed_at_random_lose_nothing_and_the_standby_takes_over() {
     );
     let mut relays = start_relays(&config, 2);
 
-    let producing = spawn_produce(
-        &outbox,
-        Writer::Wal(WalOutbox::new(&outbox.tables)),
-        PRODUCERS,
-        AGGREGATES,
-        EVENTS,
-        100,
-        Duration::from_millis(900),
-    );
+    let producing = spawn_produce(&outbox, load);
     // Both are killed in turn: whichever reads the slot, the other takes over.
     let kills = kill_at_random_while(&producing, &mut relays, &config).await;
     let (runs, _) = producing.await.unwrap();
     let produced_in = began.elapsed();
-    let published = tap.stop_timed(EVENTS, Duration::from_secs(90)).await;
+    let published = tap.stop_timed(load.events, Duration::from_secs(90)).await;
     terminate_all(relays);
     let arrivals = stream.read_all(Duration::from_secs(60)).await;
     let (lost, stored_repeats) = tally(&arrivals, &runs);
@@ -677,11 +643,14 @@ async fn wal_relays_killed_at_random_lose_nothing_and_the_standby_takes_over() {
     // reached the server (status every second, some 430 events a second here).
     let bound = kills.len() * 1_000;
     println!(
-        "wal chaos: 2 relays on one slot, {EVENTS} events over {AGGREGATES} aggregates written to \
-         the WAL by {PRODUCERS} producers in {:.1} s while {} relays were killed with SIGKILL; \
+        "wal chaos: 2 relays on one slot, {} events over {} aggregates written to \
+         the WAL by {} producers in {:.1} s while {} relays were killed with SIGKILL; \
          longest wait for the next publish after a kill {:.2} s; {} publishes, {duplicates} of \
          them repeats (bound {bound}); {} messages stored: {lost} lost, {stored_repeats} repeats; \
          total {:.1} s",
+        load.events,
+        load.aggregates,
+        load.producers,
         produced_in.as_secs_f64(),
         kills.len(),
         longest_gap.as_secs_f64(),
@@ -689,21 +658,13 @@ async fn wal_relays_killed_at_random_lose_nothing_and_the_standby_takes_over() {
         arrivals.len(),
         began.elapsed().as_secs_f64(),
     );
-    assert_eq!(runs.iter().map(Vec::len).sum::<usize>(), EVENTS);
     assert!(kills.len() >= 10, "only {} kills", kills.len());
-    assert_eq!(lost, 0, "events lost");
-    assert!(
-        duplicates <= bound,
-        "{duplicates} repeats, more than {bound}"
-    );
-    check_first_arrivals(&arrivals, &runs).expect("per-aggregate order in the stream");
-    check_first_arrivals(&ids, &runs).expect("per-aggregate order of the publishes");
+    assert_nothing_lost_and_in_order(&runs, load.events, &arrivals, &ids, bound);
     assert!(
         longest_gap < Duration::from_secs(5),
         "no publish for {longest_gap:?} after a kill"
     );
-    stream.delete().await;
-    outbox.drop_schema().await.unwrap();
+    finish(stream, outbox).await;
 }
 
 /// While two relays drain live traffic, PostgreSQL terminates every session of
@@ -712,9 +673,7 @@ async fn wal_relays_killed_at_random_lose_nothing_and_the_standby_takes_over() {
 #[tokio::test(flavor = "multi_thread")]
 async fn relays_recover_by_themselves_when_postgresql_drops_their_sessions() {
     const APP: &str = "outbox-faults-restart";
-    let _one = ONE_AT_A_TIME.lock().await;
-    let outbox = TestOutbox::new().await.unwrap();
-    let stream = Stream::create().await;
+    let (_turn, outbox, stream) = start().await;
     let config = relay_config(&outbox, APP, &nats_url(), &stream, NO_HTTP);
     let relays = start_relays(&config, 2);
 
@@ -736,12 +695,14 @@ async fn relays_recover_by_themselves_when_postgresql_drops_their_sessions() {
     });
     let producing = spawn_produce(
         &outbox,
-        Writer::Table,
-        2,
-        200,
-        6000,
-        50,
-        Duration::from_millis(150),
+        Load {
+            writer: Writer::Table,
+            producers: 2,
+            aggregates: 200,
+            events: 6000,
+            per_tx: 50,
+            pause: Duration::from_millis(150),
+        },
     );
 
     let mut cuts = Vec::new();
@@ -804,6 +765,5 @@ async fn relays_recover_by_themselves_when_postgresql_drops_their_sessions() {
         );
     }
     assert_eq!(dead_count(&outbox).await, 0);
-    stream.delete().await;
-    outbox.drop_schema().await.unwrap();
+    finish(stream, outbox).await;
 }

@@ -14,7 +14,7 @@ use common::{assert_delivered, command, runs_of, Config, DropSlot, RelayProcess}
 use pgoutbox_core::testing::event;
 use pgoutbox_core::NewEvent;
 use pgoutbox_nats::{EventConsumer, NatsConfig};
-use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::testing::{TestOutbox, Writer};
 use pgoutbox_postgres::wal::WalOutbox;
 use pgoutbox_postgres::Ident;
 use uuid::Uuid;
@@ -38,14 +38,15 @@ async fn the_binary_publishes_committed_wal_events_in_commit_order() {
     let _cleanup = DropSlot(slot_name.clone());
     let stream = format!("OUTBOX_WAL_TEST_{tag}");
     let prefix = format!("waltest{tag}");
-    let base = Config::for_schema(outbox.tables.schema().as_str(), "0");
-    let text = std::fs::read_to_string(&base.path)
-        .unwrap()
-        .replace("kind = \"stdout\"", "kind = \"nats\"");
-    let config = Config::new(&format!(
-        "{text}\n[broker.nats]\nsubject_prefix = \"{prefix}\"\nensure_stream = \"{stream}\"\n\
-         [wal]\nenabled = true\nslot = \"{slot_name}\"\npublication = \"{slot_name}\"\n"
-    ));
+    let config = Config::with_broker(
+        outbox.tables.schema().as_str(),
+        "0",
+        &format!(
+            "[broker]\nkind = \"nats\"\n[broker.nats]\nsubject_prefix = \"{prefix}\"\n\
+             ensure_stream = \"{stream}\"\n\
+             [wal]\nenabled = true\nslot = \"{slot_name}\"\npublication = \"{slot_name}\"\n"
+        ),
+    );
 
     // Without its slot, the relay says what to do.
     let missing = command(&config.path, &["relay"]).output().unwrap();
@@ -64,20 +65,16 @@ async fn the_binary_publishes_committed_wal_events_in_commit_order() {
     assert!(run_ok(&config.path, &["migrate"]).contains("exists"));
 
     // Written before the relay starts: read from the slot's start.
-    let wal = WalOutbox::new(&outbox.tables);
     let first = [event("a", 1), event("b", 1), event("a", 2)];
-    let mut tx = outbox.pool.begin().await.unwrap();
-    wal.enqueue_many(&mut tx, &first).await.unwrap();
-    tx.commit().await.unwrap();
-    let lost = event("c", 1);
-    let mut tx = outbox.pool.begin().await.unwrap();
-    wal.enqueue(&mut tx, &lost).await.unwrap();
-    tx.rollback().await.unwrap();
+    outbox.write(Writer::Wal, &first, true).await.unwrap();
+    let lost = [event("c", 1)];
+    outbox.write(Writer::Wal, &lost, false).await.unwrap();
 
     let relay = RelayProcess::start(&config.path);
     // Written while it runs: pushed by the stream, no polling.
     let later = [event("b", 2), event("a", 3)];
     let mut conn = outbox.pool.acquire().await.unwrap();
+    let wal = WalOutbox::new(&outbox.tables);
     wal.enqueue_many(&mut conn, &later).await.unwrap();
     drop(conn);
 
@@ -100,7 +97,7 @@ async fn the_binary_publishes_committed_wal_events_in_commit_order() {
         }
     }
     assert!(
-        !received.iter().any(|(_, id)| *id == lost.id),
+        !received.iter().any(|(_, id)| *id == lost[0].id),
         "a rolled-back event was published"
     );
     let written: Vec<NewEvent> = first.iter().chain(&later).cloned().collect();

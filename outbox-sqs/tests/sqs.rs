@@ -5,26 +5,23 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{create_queue, read, unique};
+use common::{new_queue, read, unique};
 use pgoutbox_core::conformance::event;
+use pgoutbox_core::testing::{event_ids, interleaved_events};
 use pgoutbox_core::{Event, FailureKind, NewEvent, Outcome, Publisher, Relay, Store};
 use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
 use pgoutbox_postgres::{DeadLetterFilter, DeadLetters};
+use pgoutbox_sqs::aws_sdk_sqs::types::Message;
 use pgoutbox_sqs::aws_sdk_sqs::types::MessageSystemAttributeName;
 use uuid::Uuid;
 
-fn ids(messages: &[pgoutbox_sqs::aws_sdk_sqs::types::Message]) -> Vec<Uuid> {
-    messages
-        .iter()
-        .map(|m| pgoutbox_sqs::event_id(m).expect("event id attribute"))
-        .collect()
+fn ids(messages: &[Message]) -> Vec<Uuid> {
+    event_ids(messages, pgoutbox_sqs::event_id)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fifo_sets_group_and_dedup_and_drops_a_resend() {
-    let name = unique("fifo", true);
-    let publisher = common::publisher(&name).await;
-    let url = create_queue(publisher.client(), &name).await;
+    let (publisher, url) = new_queue("fifo", true).await;
     let e = event("order", "order-42", "order.created", 1);
     assert_eq!(
         publisher.publish(std::slice::from_ref(&e)).await,
@@ -62,9 +59,7 @@ async fn fifo_sets_group_and_dedup_and_drops_a_resend() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn many_events_go_out_in_batches_of_ten() {
-    let name = unique("standard", false);
-    let publisher = common::publisher(&name).await;
-    let url = create_queue(publisher.client(), &name).await;
+    let (_, url) = new_queue("standard", false).await;
     // By URL this time; 25 events: 3 calls.
     let publisher = common::config(&url).build().await.unwrap();
     let events: Vec<Event> = (0..25)
@@ -83,9 +78,7 @@ async fn many_events_go_out_in_batches_of_ten() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn many_headers_are_packed_and_read_back() {
-    let name = unique("headers", false);
-    let publisher = common::publisher(&name).await;
-    let url = create_queue(publisher.client(), &name).await;
+    let (publisher, url) = new_queue("headers", false).await;
     let mut e = event("order", "1", "order.created", 1);
     e.headers.insert(
         "traceparent".into(),
@@ -112,9 +105,7 @@ async fn many_headers_are_packed_and_read_back() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn missing_and_invalid_queues_fail_permanently() {
-    let name = unique("good", false);
-    let publisher = common::publisher(&name).await;
-    create_queue(publisher.client(), &name).await;
+    let (publisher, _) = new_queue("good", false).await;
     let mut missing_name = event("order", "1", "order.created", 1);
     missing_name.destination = Some(unique("missing", false));
     let mut missing_url = event("order", "2", "order.created", 2);
@@ -155,23 +146,11 @@ async fn db() -> TestOutbox {
 #[tokio::test(flavor = "multi_thread")]
 async fn end_to_end_fifo_keeps_group_order() {
     let db = db().await;
-    let name = unique("orders", true);
-    let publisher = common::publisher(&name).await;
-    let url = create_queue(publisher.client(), &name).await;
+    let (publisher, url) = new_queue("orders", true).await;
     let mut sent = Vec::new();
-    for round in 0..4 {
-        // One transaction per round.
-        let events: Vec<NewEvent> = (0..3)
-            .map(|a| {
-                NewEvent::new(
-                    "order",
-                    format!("order-{a}"),
-                    "order.updated",
-                    &serde_json::json!({"round": round}),
-                )
-            })
-            .collect();
-        sent.extend(db.enqueue_committed(&events).await.unwrap());
+    // Four rounds of three aggregates, one transaction per round.
+    for round in interleaved_events("order-", 3, 4).chunks(3) {
+        sent.extend(db.enqueue_committed(round).await.unwrap());
     }
     let client = publisher.client().clone();
     let relay = Relay::new(db.store(), publisher).with_config(broker_relay_config());
@@ -186,7 +165,7 @@ async fn end_to_end_fifo_keeps_group_order() {
             .iter()
             .filter(|m| pgoutbox_sqs::metadata(m).unwrap().aggregate_id == format!("order-{a}"))
             .map(|m| {
-                serde_json::from_str::<serde_json::Value>(m.body().unwrap()).unwrap()["round"]
+                serde_json::from_str::<serde_json::Value>(m.body().unwrap()).unwrap()["n"]
                     .as_i64()
                     .unwrap()
             })
@@ -199,9 +178,7 @@ async fn end_to_end_fifo_keeps_group_order() {
 #[tokio::test(flavor = "multi_thread")]
 async fn oversize_entry_dead_letters_alone() {
     let db = db().await;
-    let name = unique("partial", false);
-    let publisher = common::publisher(&name).await;
-    let url = create_queue(publisher.client(), &name).await;
+    let (publisher, url) = new_queue("partial", false).await;
     // One transaction: six events, then one too large for SQS.
     let mut events: Vec<NewEvent> = (0..6)
         .map(|i| {

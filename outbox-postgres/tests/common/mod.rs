@@ -7,22 +7,21 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use pgoutbox_core::{NewEvent, Publisher, Relay, RelayConfig, RetryPolicy, Store};
-use pgoutbox_postgres::testing::TestOutbox;
-use pgoutbox_postgres::PgStore;
+use pgoutbox_core::{Publisher, Relay, RelayConfig, Store};
+use pgoutbox_postgres::testing::{retries, TestOutbox};
+use pgoutbox_postgres::{AfterDeadLetter, PgStore, StoreConfig};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 #[allow(unused_imports)] // not every test uses it
 pub use pgoutbox_core::testing::event;
+use pgoutbox_core::testing::interleaved_events;
 
 /// Enqueue `aggregates` x `per_aggregate` events, interleaved (a0#0, a1#0, ..., a0#1, ...),
 /// committed in chunks. Returns the ids in insertion order.
 pub async fn fill(db: &TestOutbox, aggregates: usize, per_aggregate: usize) -> Vec<Uuid> {
-    let events: Vec<NewEvent> = (0..per_aggregate)
-        .flat_map(|n| (0..aggregates).map(move |a| event(&format!("a{a}"), n)))
-        .collect();
+    let events = interleaved_events("a", aggregates, per_aggregate);
     let mut ids = Vec::with_capacity(events.len());
     for chunk in events.chunks(2000) {
         ids.extend(db.enqueue_many_committed(chunk).await.unwrap());
@@ -30,17 +29,27 @@ pub async fn fill(db: &TestOutbox, aggregates: usize, per_aggregate: usize) -> V
     ids
 }
 
+/// A fresh outbox holding two committed events of aggregate `x`, the head and its
+/// follower, and a store on it that treats a dead letter's followers by `policy`.
+/// Returns the events' ids in order.
+pub async fn head_and_follower(policy: AfterDeadLetter) -> (TestOutbox, PgStore, [Uuid; 2]) {
+    let db = TestOutbox::new().await.unwrap();
+    let ids = db
+        .enqueue_many_committed(&[event("x", 0), event("x", 1)])
+        .await
+        .unwrap();
+    let store = db
+        .store()
+        .with_config(StoreConfig::default().after_dead_letter(policy));
+    (db, store, [ids[0], ids[1]])
+}
+
 /// A relay configuration for tests: quick polling, quick retries.
 pub fn fast_config() -> RelayConfig {
     RelayConfig::default()
         .batch_size(100)
         .poll_interval(Duration::from_millis(10))
-        .retry(
-            RetryPolicy::default()
-                .max_attempts(50)
-                .base_delay(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(5)),
-        )
+        .retry(retries(50, 1..=5))
         .pending_refresh(Duration::from_millis(200))
         .error_backoff(Duration::from_millis(20))
 }
@@ -75,14 +84,8 @@ pub async fn run_all_until_drained<P: Publisher>(
 }
 
 /// Rows still in the events table.
-pub async fn remaining(db: &TestOutbox) -> i64 {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {}.outbox_events",
-        db.tables.schema().quoted()
-    ))
-    .fetch_one(&db.pool)
-    .await
-    .unwrap()
+pub async fn remaining(db: &TestOutbox) -> usize {
+    row_ids(db).await.len()
 }
 
 /// Ids of the rows still in the events table, in insertion order.

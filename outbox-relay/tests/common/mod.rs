@@ -32,6 +32,23 @@ impl Config {
 
     /// A working config for `schema`, HTTP on `listen` ("0" for none).
     pub fn for_schema(schema: &str, listen: &str) -> Self {
+        Self::with_broker(schema, listen, "[broker]\nkind = \"stdout\"\n")
+    }
+
+    /// [`Config::for_schema`] for `outbox`'s schema with HTTP on a free port of
+    /// 127.0.0.1; the config and the port.
+    pub fn with_http(outbox: &TestOutbox) -> (Self, u16) {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        (
+            Self::for_schema(outbox.tables.schema().as_str(), &listen),
+            port,
+        )
+    }
+
+    /// [`Config::for_schema`] with `broker` (its `[broker]` section, and what
+    /// follows it) in place of the stdout broker.
+    pub fn with_broker(schema: &str, listen: &str, broker: &str) -> Self {
         Self::new(&format!(
             r#"{head}pending_refresh = "200ms"
 
@@ -44,9 +61,7 @@ max_delay = "1s"
 listen = "{listen}"
 stats_refresh = "200ms"
 
-[broker]
-kind = "stdout"
-"#,
+{broker}"#,
             head = Self::head(&database_url(), schema)
         ))
     }
@@ -267,29 +282,59 @@ pub fn qualified(outbox: &TestOutbox, table: &Ident) -> String {
     format!("{}.{}", outbox.tables.schema().quoted(), table.quoted())
 }
 
-pub async fn pending_ids(outbox: &TestOutbox) -> Vec<Uuid> {
+/// Ids of the rows of `table` (one of `outbox`'s) that match the SQL `condition`.
+pub async fn ids_where(outbox: &TestOutbox, table: &Ident, condition: &str) -> Vec<Uuid> {
     sqlx::query_scalar(&format!(
-        "SELECT id FROM {} WHERE processed_at IS NULL AND dead_at IS NULL",
-        qualified(outbox, outbox.tables.events())
+        "SELECT id FROM {} WHERE {condition}",
+        qualified(outbox, table)
     ))
     .fetch_all(&outbox.pool)
     .await
     .unwrap()
 }
 
-pub async fn wait_until_drained(outbox: &TestOutbox, limit: Duration) {
+pub async fn pending_ids(outbox: &TestOutbox) -> Vec<Uuid> {
+    let events = outbox.tables.events();
+    ids_where(outbox, events, "processed_at IS NULL AND dead_at IS NULL").await
+}
+
+/// Look with `probe` every `every` until it gives a value; `None` once `limit` has
+/// passed without one.
+pub async fn poll<T>(
+    limit: Duration,
+    every: Duration,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+) -> Option<T> {
     let deadline = Instant::now() + limit;
     loop {
-        let left = pending_ids(outbox).await.len();
-        if left == 0 {
-            return;
+        if let Some(value) = probe().await {
+            return Some(value);
         }
-        assert!(
-            Instant::now() < deadline,
-            "outbox not drained in {limit:?}: {left} events pending"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(every).await;
     }
+}
+
+/// Wait (at most `limit`, looking every 100 ms) for `condition`.
+pub async fn wait_for(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let every = Duration::from_millis(100);
+    let seen = poll(limit, every, async || condition().then_some(())).await;
+    assert!(seen.is_some(), "no {what} within {limit:?}");
+}
+
+pub async fn wait_until_drained(outbox: &TestOutbox, limit: Duration) {
+    let mut left = 0;
+    let drained = poll(limit, Duration::from_millis(50), async || {
+        left = pending_ids(outbox).await.len();
+        (left == 0).then_some(())
+    })
+    .await;
+    assert!(
+        drained.is_some(),
+        "outbox not drained in {limit:?}: {left} events pending"
+    );
 }
 
 /// Enqueue `n` events on 50 aggregates in one transaction; their ids.
@@ -303,14 +348,18 @@ pub async fn enqueue(outbox: &TestOutbox, n: usize) -> Vec<Uuid> {
     ids
 }
 
-pub async fn dead_count(outbox: &TestOutbox) -> i64 {
-    sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {}",
-        qualified(outbox, outbox.tables.dead_letters())
-    ))
-    .fetch_one(&outbox.pool)
-    .await
-    .unwrap()
+/// Rows in the outbox's dead-letter view.
+pub async fn dead_count(outbox: &TestOutbox) -> usize {
+    let view = outbox.tables.dead_letters();
+    ids_where(outbox, view, "true").await.len()
+}
+
+/// Drop `schema` (one the binary migrated) and everything in it.
+pub async fn drop_schema(pool: &sqlx::PgPool, schema: &str) {
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(pool)
+        .await
+        .unwrap();
 }
 
 /// Drops the slot and publication at the end of the test, also when it fails (an

@@ -71,6 +71,15 @@ pub async fn create_queue(client: &Client, name: &str) -> String {
     out.queue_url().expect("queue url").to_string()
 }
 
+/// A fresh queue named after `prefix` (FIFO when `fifo`) and a publisher to it by
+/// name; returns the publisher and the queue's URL.
+pub async fn new_queue(prefix: &str, fifo: bool) -> (SqsPublisher, String) {
+    let name = unique(prefix, fifo);
+    let publisher = publisher(&name).await;
+    let url = create_queue(publisher.client(), &name).await;
+    (publisher, url)
+}
+
 /// Read (and delete) up to `max` messages, waiting at most `wait` for the first ones.
 pub async fn read(client: &Client, url: &str, max: usize, wait: Duration) -> Vec<Message> {
     let deadline = Instant::now() + wait;

@@ -15,7 +15,7 @@ pub type GroupRelay = Relay<PgStore, Arc<dyn DynPublisher>>;
 /// One running outbox of a [`RelayGroup`] or a [`TenantDiscovery`], as a process
 /// serving them reports on it: its name (the `outbox` label), its store (for
 /// stats and retention) and its relay's health.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Member {
     /// The outbox's name in metrics and logs.
     pub name: String,
@@ -25,14 +25,6 @@ pub struct Member {
     pub liveness: Arc<Liveness>,
     /// Whether its relay is in a broker outage.
     pub broker_health: Arc<BrokerHealth>,
-}
-
-impl std::fmt::Debug for Member {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Member")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Member {

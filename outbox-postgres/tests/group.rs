@@ -48,6 +48,43 @@ async fn budget_pool(prefix: &str) -> (String, sqlx::PgPool) {
     (name, pool)
 }
 
+/// Commit one event of `aggregate` to `outbox`; its id.
+async fn commit_one(outbox: &TestOutbox, aggregate: &str) -> Uuid {
+    let event = NewEvent::new("order", aggregate, "order.created", &serde_json::json!({}));
+    outbox
+        .enqueue_committed(std::slice::from_ref(&event))
+        .await
+        .unwrap();
+    event.id
+}
+
+/// Wait until every one of `ids` is among `published()`, at most 10 s; `what`
+/// names them in the failure.
+async fn until_published(ids: &[Uuid], published: impl Fn() -> Vec<Uuid>, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let published: HashSet<Uuid> = published().into_iter().collect();
+        if ids.iter().all(|id| published.contains(id)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not published within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// [`until_published`] for one event of one publisher; `what` names whose event.
+async fn published_soon(publisher: &RecordingPublisher, id: Uuid, what: &str) {
+    until_published(
+        &[id],
+        || publisher.published_ids(),
+        &format!("{what} event"),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
     // The process's recorder: relays run on the runtime's worker threads. Only
@@ -120,29 +157,21 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut late = Vec::new();
     for (outbox, runs, _) in tenants.iter_mut().take(10) {
-        let event = NewEvent::new("order", "late", "order.created", &serde_json::json!({}));
-        outbox
-            .enqueue_committed(std::slice::from_ref(&event))
-            .await
-            .unwrap();
-        runs.push(vec![event.id]);
-        late.push(event.id);
+        let id = commit_one(outbox, "late").await;
+        runs.push(vec![id]);
+        late.push(id);
     }
-    let woke = Instant::now();
-    loop {
-        let published: HashSet<Uuid> = tenants
-            .iter()
-            .flat_map(|(_, _, p)| p.published_ids())
-            .collect();
-        if late.iter().all(|id| published.contains(id)) {
-            break;
-        }
-        assert!(
-            woke.elapsed() < Duration::from_secs(10),
-            "events committed to idle tenants were not published within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_published(
+        &late,
+        || {
+            tenants
+                .iter()
+                .flat_map(|(_, _, p)| p.published_ids())
+                .collect()
+        },
+        "events committed to idle tenants",
+    )
+    .await;
 
     // A tenant dropped while the group runs stops neither the others nor their
     // shared probe: a new event of another idle tenant is still found at once.
@@ -151,20 +180,9 @@ async fn fifty_tenants_drain_through_one_group_within_its_connection_budget() {
     gone.drop_schema().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (outbox, runs, publisher) = &mut tenants[10];
-    let event = NewEvent::new("order", "after", "order.created", &serde_json::json!({}));
-    outbox
-        .enqueue_committed(std::slice::from_ref(&event))
-        .await
-        .unwrap();
-    runs.push(vec![event.id]);
-    let woke = Instant::now();
-    while !publisher.published_ids().contains(&event.id) {
-        assert!(
-            woke.elapsed() < Duration::from_secs(10),
-            "after a tenant was dropped, another's event was not published within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let id = commit_one(outbox, "after").await;
+    runs.push(vec![id]);
+    published_soon(publisher, id, "after a tenant was dropped, another's").await;
     let _ = stop.send(());
     running.await.unwrap();
 
@@ -456,19 +474,8 @@ async fn the_shared_probe_keeps_one_session_while_relays_wait() {
         pool.num_idle()
     );
 
-    let event = NewEvent::new("order", "a", "order.created", &serde_json::json!({}));
-    outboxes[3]
-        .enqueue_committed(std::slice::from_ref(&event))
-        .await
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !publisher.published_ids().contains(&event.id) {
-        assert!(
-            Instant::now() < deadline,
-            "an idle outbox's new event was not published within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let id = commit_one(&outboxes[3], "a").await;
+    published_soon(&publisher, id, "an idle outbox's new").await;
     let _ = stop.send(());
     running.await.unwrap();
     for outbox in outboxes {

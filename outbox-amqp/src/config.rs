@@ -7,25 +7,11 @@ use std::time::Duration;
 use lapin::uri::AMQPUri;
 use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::redact_url;
-use pgoutbox_core::settings::{settings_and_envelope, EnvOverrides, HumanDuration, Vars};
-use serde::Deserialize;
+use pgoutbox_core::settings::{settings_and_envelope, HumanDuration, WithSetting};
 
 use crate::error::{Error, Result};
 use crate::publisher::AmqpPublisher;
 use crate::routing::AmqpRouting;
-
-/// Environment variable `OUTBOX_AMQP_PASSWORD_FILE` (see [`AmqpConfig::from_env`]).
-pub const ENV_PASSWORD_FILE: &str = "OUTBOX_AMQP_PASSWORD_FILE";
-/// Environment variable `OUTBOX_AMQP_URL` (see [`AmqpConfig::from_env`]).
-pub const ENV_URL: &str = "OUTBOX_AMQP_URL";
-/// Environment variable `OUTBOX_AMQP_EXCHANGE` (see [`AmqpConfig::from_env`]).
-pub const ENV_EXCHANGE: &str = "OUTBOX_AMQP_EXCHANGE";
-/// Environment variable `OUTBOX_AMQP_TIMEOUT_MS` (see [`AmqpConfig::from_env`]).
-pub const ENV_TIMEOUT_MS: &str = "OUTBOX_AMQP_TIMEOUT_MS";
-/// Environment variable `OUTBOX_AMQP_CONNECTION_NAME` (see [`AmqpConfig::from_env`]).
-pub const ENV_CONNECTION_NAME: &str = "OUTBOX_AMQP_CONNECTION_NAME";
-/// Environment variable `OUTBOX_AMQP_TLS_CA` (see [`AmqpConfig::from_env`]).
-pub const ENV_TLS_CA: &str = "OUTBOX_AMQP_TLS_CA";
 
 /// Default broker URL: a local RabbitMQ with the guest account.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -62,64 +48,56 @@ pub struct AmqpConfig {
     pub envelope: Envelope,
 }
 
-/// AMQP settings as a configuration file or the environment writes them, every
-/// one optional (unset: the default of [`AmqpConfig`]). The `outbox` binary reads
-/// its `[broker.amqp]` section into this, lays the environment over it
-/// ([`EnvOverrides::with_env`]) and builds the config with
-/// [`AmqpConfig::from_settings`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-#[non_exhaustive]
-pub struct AmqpSettings {
-    /// [`AmqpConfig::url`].
-    pub url: Option<String>,
-    /// Exchange of the default [`AmqpRouting`].
-    pub exchange: Option<String>,
-    /// [`AmqpConfig::timeout`], e.g. `"5s"`.
-    pub timeout: Option<HumanDuration>,
-    /// [`AmqpConfig::connection_name`].
-    pub connection_name: Option<String>,
-    /// [`AmqpConfig::password`], read from this file (a mounted secret).
-    pub password_file: Option<PathBuf>,
-    /// [`AmqpConfig::tls_ca_file`].
-    pub tls_ca: Option<PathBuf>,
-}
-
-impl EnvOverrides for AmqpSettings {
-    type Error = Error;
-
-    /// These settings with `vars` laid over them: each variable that is set
-    /// replaces its setting.
-    ///
-    /// | variable | setting |
-    /// |---|---|
-    /// | `OUTBOX_AMQP_URL` | `url` |
-    /// | `OUTBOX_AMQP_EXCHANGE` | `exchange` |
-    /// | `OUTBOX_AMQP_TIMEOUT_MS` | `timeout`, in milliseconds |
-    /// | `OUTBOX_AMQP_CONNECTION_NAME` | `connection_name` |
-    /// | `OUTBOX_AMQP_PASSWORD_FILE` | `password_file` |
-    /// | `OUTBOX_AMQP_TLS_CA` | `tls_ca` |
-    fn with(mut self, vars: &Vars) -> Result<Self> {
-        self.url = vars.text(ENV_URL).or(self.url);
-        self.exchange = vars.text(ENV_EXCHANGE).or(self.exchange);
-        self.timeout = vars.millis(ENV_TIMEOUT_MS)?.or(self.timeout);
-        self.connection_name = vars.text(ENV_CONNECTION_NAME).or(self.connection_name);
-        self.password_file = vars.path(ENV_PASSWORD_FILE).or(self.password_file);
-        self.tls_ca = vars.path(ENV_TLS_CA).or(self.tls_ca);
-        Ok(self)
+pgoutbox_core::env_settings! {
+    /// AMQP settings as a configuration file or the environment writes them, every
+    /// one optional (unset: the default of [`AmqpConfig`]). The `outbox` binary reads
+    /// its `[broker.amqp]` section into this, lays the environment over it
+    /// ([`EnvOverrides::with_env`](crate::EnvOverrides::with_env)) and builds the
+    /// config with [`AmqpConfig::from_settings`].
+    pub struct AmqpSettings {
+        /// [`AmqpConfig::url`].
+        #[env(ENV_URL = "OUTBOX_AMQP_URL", text)]
+        url: Option<String>,
+        /// Exchange of the default [`AmqpRouting`].
+        #[env(ENV_EXCHANGE = "OUTBOX_AMQP_EXCHANGE", text)]
+        exchange: Option<String>,
+        /// [`AmqpConfig::timeout`], e.g. `"5s"`.
+        #[env(ENV_TIMEOUT_MS = "OUTBOX_AMQP_TIMEOUT_MS", millis)]
+        timeout: Option<HumanDuration>,
+        /// [`AmqpConfig::connection_name`].
+        #[env(ENV_CONNECTION_NAME = "OUTBOX_AMQP_CONNECTION_NAME", text)]
+        connection_name: Option<String>,
+        /// [`AmqpConfig::password`], read from this file (a mounted secret).
+        #[env(ENV_PASSWORD_FILE = "OUTBOX_AMQP_PASSWORD_FILE", path)]
+        password_file: Option<PathBuf>,
+        /// [`AmqpConfig::tls_ca_file`].
+        #[env(ENV_TLS_CA = "OUTBOX_AMQP_TLS_CA", path)]
+        tls_ca: Option<PathBuf>,
     }
+    type Error = Error;
 }
 
+// Not derived: the password is hidden. Destructured so that a new field (a secret,
+// perhaps) is shown or hidden on purpose.
 impl std::fmt::Debug for AmqpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            url,
+            routing,
+            timeout,
+            connection_name,
+            password,
+            tls_ca_file,
+            envelope,
+        } = self;
         f.debug_struct("AmqpConfig")
-            .field("url", &redact_url(&self.url))
-            .field("routing", &self.routing)
-            .field("timeout", &self.timeout)
-            .field("connection_name", &self.connection_name)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("envelope", &self.envelope)
+            .field("url", &redact_url(url))
+            .field("routing", routing)
+            .field("timeout", timeout)
+            .field("connection_name", connection_name)
+            .field("password", &password.as_ref().map(|_| "<redacted>"))
+            .field("tls_ca_file", tls_ca_file)
+            .field("envelope", envelope)
             .finish()
     }
 }
@@ -144,16 +122,17 @@ impl AmqpConfig {
         }
     }
 
-    /// Defaults overridden by the environment ([`AmqpSettings`]'s [`EnvOverrides::with`] lists
-    /// the `OUTBOX_AMQP_*` variables), and the envelope: `OUTBOX_ENVELOPE`,
-    /// `OUTBOX_CLOUDEVENTS_*` ([`Envelope::from_lookup`]). Unset or empty
-    /// variables keep the default; unparsable ones are an error.
+    /// Defaults overridden by the environment ([`AmqpSettings`]'s
+    /// [`EnvOverrides::with`](crate::EnvOverrides::with) lists the `OUTBOX_AMQP_*`
+    /// variables), and the envelope: `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`
+    /// ([`Envelope::from_lookup`]). Unset or empty variables keep the default;
+    /// unparsable ones are an error.
     pub fn from_env() -> Result<Self> {
         Self::from_vars(std::env::vars())
     }
 
     /// Like [`AmqpConfig::from_env`], from the given variables.
-    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+    pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
         let (settings, envelope) = settings_and_envelope::<AmqpSettings>(vars, |e| {
             Error::config("envelope", e.to_string())
         })?;
@@ -164,30 +143,27 @@ impl AmqpConfig {
     /// environment laid over it); the password file is read here.
     pub fn from_settings(settings: &AmqpSettings) -> Result<Self> {
         let s = settings;
-        let mut config = Self::default();
-        if let Some(url) = &s.url {
-            config.url.clone_from(url);
-        }
-        if let Some(exchange) = &s.exchange {
-            config.routing = AmqpRouting::new(exchange.clone());
-        }
-        if let Some(timeout) = s.timeout {
-            config.timeout = timeout.0;
-        }
-        if let Some(name) = &s.connection_name {
-            config.connection_name.clone_from(name);
-        }
-        if let Some(path) = &s.password_file {
-            let password = pgoutbox_core::read_secret_file(path).map_err(|e| {
-                Error::config(
-                    format!("password_file ({ENV_PASSWORD_FILE})"),
-                    e.to_string(),
-                )
-            })?;
-            config.password = Some(password);
-        }
-        config.tls_ca_file.clone_from(&s.tls_ca);
-        Ok(config)
+        let password = s
+            .password_file
+            .as_deref()
+            .map(|path| {
+                pgoutbox_core::read_secret_file(path).map_err(|e| {
+                    Error::config(
+                        format!("password_file ({ENV_PASSWORD_FILE})"),
+                        e.to_string(),
+                    )
+                })
+            })
+            .transpose()?;
+        Ok(Self::default()
+            .with_setting(&s.url, Self::url)
+            .with_setting(&s.exchange, |c, exchange| {
+                c.routing(AmqpRouting::new(exchange))
+            })
+            .with_setting(&s.timeout, |c, timeout| c.timeout(timeout.into()))
+            .with_setting(&s.connection_name, Self::connection_name)
+            .with_setting(&password, Self::password)
+            .with_setting(&s.tls_ca, Self::tls_ca_file))
     }
 
     /// Set the broker URL. Defaults to [`DEFAULT_URL`].
@@ -274,13 +250,7 @@ impl AmqpConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::EnvOverrides;
 
     #[test]
     fn the_environment_wins_over_the_file() {
@@ -288,10 +258,10 @@ mod tests {
             toml::from_str("exchange = \"file\"\ntimeout = \"2s\"\nconnection_name = \"f\"")
                 .unwrap();
         let settings = file
-            .with_vars(vars(&[
+            .with_vars([
                 ("OUTBOX_AMQP_EXCHANGE", "env"),
                 ("OUTBOX_AMQP_TIMEOUT_MS", ""),
-            ]))
+            ])
             .unwrap();
         let c = AmqpConfig::from_settings(&settings).unwrap();
         assert_eq!(c.routing.exchange(), "env");
@@ -312,11 +282,11 @@ mod tests {
 
     #[test]
     fn env_overrides_defaults() {
-        let c = AmqpConfig::from_vars(vars(&[
+        let c = AmqpConfig::from_vars([
             ("OUTBOX_AMQP_URL", "amqp://u:secret@h:5673/v"),
             ("OUTBOX_AMQP_TIMEOUT_MS", "250"),
             ("OUTBOX_AMQP_EXCHANGE", "shop"),
-        ]))
+        ])
         .unwrap();
         assert_eq!(c.timeout, Duration::from_millis(250));
         assert_eq!(c.routing.exchange(), "shop");
@@ -326,7 +296,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        let err = AmqpConfig::from_vars(vars(&[("OUTBOX_AMQP_TIMEOUT_MS", "x")])).unwrap_err();
+        let err = AmqpConfig::from_vars([("OUTBOX_AMQP_TIMEOUT_MS", "x")]).unwrap_err();
         assert!(err.to_string().contains("OUTBOX_AMQP_TIMEOUT_MS"), "{err}");
         let err = AmqpConfig::new("http://nope").validate().unwrap_err();
         assert!(err.to_string().contains("url"), "{err}");

@@ -54,31 +54,17 @@ impl AmqpRouting {
         }
     }
 
-    /// Publish events of `event_type` to `exchange` with `routing_key`.
-    #[must_use]
-    pub fn event_type(
-        mut self,
-        event_type: impl Into<String>,
-        exchange: impl Into<String>,
-        routing_key: impl Into<String>,
-    ) -> Self {
-        let route = Route::new(exchange, routing_key);
-        self.routes.insert_event_type(event_type, route);
-        self
-    }
+    pgoutbox_core::route_builders! {
+        /// Publish events of `event_type` to `exchange` with `routing_key`.
+        #[must_use]
+        pub fn event_type(event_type, exchange, routing_key)
+            => routes.insert_event_type via Route::new;
 
-    /// Publish events of `aggregate_type` to `exchange` with `routing_key` (unless their
-    /// event type has a route).
-    #[must_use]
-    pub fn aggregate_type(
-        mut self,
-        aggregate_type: impl Into<String>,
-        exchange: impl Into<String>,
-        routing_key: impl Into<String>,
-    ) -> Self {
-        let route = Route::new(exchange, routing_key);
-        self.routes.insert_aggregate_type(aggregate_type, route);
-        self
+        /// Publish events of `aggregate_type` to `exchange` with `routing_key` (unless
+        /// their event type has a route).
+        #[must_use]
+        pub fn aggregate_type(aggregate_type, exchange, routing_key)
+            => routes.insert_aggregate_type via Route::new;
     }
 
     /// The default exchange of this rule.
@@ -141,11 +127,9 @@ pub fn validate_exchange(name: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use pgoutbox_core::conformance::event;
 
-    fn event(aggregate_type: &str, event_type: &str) -> Event {
-        pgoutbox_core::conformance::event(aggregate_type, "1", event_type, 1)
-    }
+    use super::*;
 
     #[test]
     fn rules_apply_in_order() {
@@ -154,18 +138,18 @@ mod tests {
             .aggregate_type("order", "orders", "all");
         let route = |e: &Event| r.route(e).map(|r| (r.exchange, r.routing_key));
         assert_eq!(
-            route(&event("order", "order.paid")),
+            route(&event("order", "1", "order.paid", 1)),
             Ok(("billing".into(), "paid".into()))
         );
         assert_eq!(
-            route(&event("order", "order.created")),
+            route(&event("order", "1", "order.created", 1)),
             Ok(("orders".into(), "all".into()))
         );
         assert_eq!(
-            route(&event("user", "user.created")),
+            route(&event("user", "1", "user.created", 1)),
             Ok(("app".into(), "user.created".into()))
         );
-        let mut e = event("order", "order.paid");
+        let mut e = event("order", "1", "order.paid", 1);
         e.destination = Some("special".into());
         assert_eq!(route(&e), Ok(("app".into(), "special".into())));
     }
@@ -174,7 +158,7 @@ mod tests {
     fn invalid_names_are_refused() {
         assert!(AmqpRouting::new("bad exchange").validate().is_err());
         assert!(AmqpRouting::new("ok")
-            .route(&event("o", &"x".repeat(300)))
+            .route(&event("o", "1", &"x".repeat(300), 1))
             .is_err());
         assert!(AmqpRouting::new("").validate().is_ok());
     }

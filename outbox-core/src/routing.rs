@@ -72,18 +72,31 @@ impl<T> RouteTable<T> {
     }
 }
 
-/// Writes an adapter's builder methods that add a rule to a [`RouteTable<String>`]
-/// field, inside its `impl` block, so every adapter adds rules the same way. Each
-/// line gives the method's attributes (docs, `#[must_use]`), visibility and name, its
-/// two parameters (the type, then the destination) and, after `=>`, the path from
-/// `self` to the table's insert method it calls. The method takes and returns `self`.
+/// Writes an adapter's builder methods that add a rule to a [`RouteTable`] field,
+/// inside its `impl` block, so every adapter adds rules the same way. Each line gives
+/// the method's attributes (docs, `#[must_use]`), visibility and name, its parameters
+/// (the type, then the destination) and, after `=>`, the path from `self` to the
+/// table's insert method it calls. A destination of one name is a `String`; one of
+/// several parts (an AMQP exchange and routing key) is built by the constructor named
+/// after `via`, which takes the parts. Every parameter is an `impl Into<String>`; the
+/// method takes and returns `self`.
 ///
 /// ```
 /// use pgoutbox_core::routing::RouteTable;
 ///
+/// #[derive(Debug, PartialEq)]
+/// pub struct Route(String, String);
+///
+/// impl Route {
+///     fn new(exchange: impl Into<String>, key: impl Into<String>) -> Self {
+///         Self(exchange.into(), key.into())
+///     }
+/// }
+///
 /// #[derive(Default)]
 /// pub struct Config {
 ///     routes: RouteTable<String>,
+///     exchanges: RouteTable<Route>,
 /// }
 ///
 /// impl Config {
@@ -92,21 +105,32 @@ impl<T> RouteTable<T> {
 ///         pub fn route_event_type(event_type, topic) => routes.insert_event_type;
 ///         /// Send events of this aggregate type to `topic`.
 ///         pub fn route_aggregate_type(aggregate_type, topic) => routes.insert_aggregate_type;
+///         /// Send events of this event type to `exchange` with `key`.
+///         pub fn exchange(event_type, exchange, key)
+///             => exchanges.insert_event_type via Route::new;
 ///     }
 /// }
 ///
-/// let config = Config::default().route_event_type("order.paid", "payments");
+/// let config = Config::default()
+///     .route_event_type("order.paid", "payments")
+///     .exchange("order.paid", "billing", "paid");
 /// assert_eq!(config.routes.iter().collect::<Vec<_>>(), [("order.paid", &"payments".to_string())]);
+/// let route = Route::new("billing", "paid");
+/// assert_eq!(config.exchanges.iter().next(), Some(("order.paid", &route)));
 /// ```
 #[macro_export]
 macro_rules! route_builders {
+    // One part is the destination itself; several make one with the `via` constructor.
+    (@destination ; $destination:ident) => { $destination.into() };
+    (@destination $make:path; $($part:ident),+) => { $make($($part),+) };
     ($(
         $(#[$attr:meta])*
-        $vis:vis fn $name:ident($key:ident, $destination:ident) => $($insert:ident).+;
+        $vis:vis fn $name:ident($key:ident, $($part:ident),+)
+            => $($insert:ident).+ $(via $make:path)?;
     )*) => {$(
         $(#[$attr])*
-        $vis fn $name(mut self, $key: impl Into<String>, $destination: impl Into<String>) -> Self {
-            self.$($insert).+($key, $destination.into());
+        $vis fn $name(mut self, $key: impl Into<String>, $($part: impl Into<String>),+) -> Self {
+            self.$($insert).+($key, $crate::route_builders!(@destination $($make)?; $($part),+));
             self
         }
     )*};

@@ -5,9 +5,11 @@
 //! `[broker.<kind>]` section, every one optional (unset keeps the adapter's
 //! default); its `with_vars` lays the `OUTBOX_<BROKER>_*` variables over it (the
 //! environment wins), reading them through [`Vars`], and its config's
-//! `from_settings` turns the result into the typed configuration. The variable
-//! names are written once, in the adapter. A config's `from_vars` reads the
-//! settings and the envelope with [`settings_and_envelope`].
+//! `from_settings` turns the result into the typed configuration, setting what is
+//! set with [`WithSetting::with_setting`]. The adapter declares the struct with
+//! [`env_settings!`](crate::env_settings): each field's variable is written once,
+//! next to the field. A config's `from_vars` reads the settings and the envelope
+//! with [`settings_and_envelope`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -97,9 +99,9 @@ pub trait EnvOverrides: Sized {
 
     /// These settings with these name/value pairs laid over them, as if they
     /// were the environment.
-    fn with_vars(
+    fn with_vars<S: Into<String>>(
         self,
-        vars: impl IntoIterator<Item = (String, String)>,
+        vars: impl IntoIterator<Item = (S, S)>,
     ) -> Result<Self, Self::Error> {
         self.with(&Vars::new(vars))
     }
@@ -111,7 +113,7 @@ pub trait EnvOverrides: Sized {
 /// its `from_settings`. `envelope_error` turns an invalid envelope setting into the
 /// adapter's error, as its settings' variables are.
 pub fn settings_and_envelope<S>(
-    vars: impl IntoIterator<Item = (String, String)>,
+    vars: impl IntoIterator<Item = (impl Into<String>, impl Into<String>)>,
     envelope_error: impl FnOnce(EnvelopeConfigError) -> S::Error,
 ) -> Result<(S, Envelope), S::Error>
 where
@@ -122,6 +124,140 @@ where
     let envelope = Envelope::from_lookup(|name| vars.text(name)).map_err(envelope_error)?;
     Ok((settings, envelope))
 }
+
+/// Declares an adapter's settings: the struct, an `ENV_*` constant for each
+/// variable, and its [`EnvOverrides`] implementation, from one list of fields. A
+/// variable is written once, on its field, so the struct, the constants, the
+/// override code and the variable table in `with`'s docs cannot drift apart.
+///
+/// Fields are written as in a struct, with their docs but without `pub`: settings
+/// are plain data, every field public. Each is an `Option` (unset keeps the
+/// adapter's default) or a collection. A field that a variable overrides is marked
+/// `#[env(CONST = "VARIABLE", read)]`, after its docs: `read` is the [`Vars`]
+/// method that reads the variable (`text`, `path`, `parse` or `millis`), and a set
+/// variable replaces the field. Unmarked fields come from the file only. After the
+/// struct, `type Error = ...;` is [`EnvOverrides::Error`] (it converts from
+/// [`VarError`]); an optional `then step;` names a method `fn(Self, &Vars) ->
+/// Result<Self, Error>` laying the variables a list cannot name (those of a prefix)
+/// after the listed ones, and the docs written above it are added to `with`'s.
+///
+/// The struct derives `Debug`, `Clone`, `Default`, `PartialEq`, `Eq` and serde's
+/// `Deserialize` (the calling crate depends on `serde`), refuses unknown keys, takes
+/// unset keys from `Default` and is `#[non_exhaustive]`, as every adapter's is.
+///
+/// ```
+/// use pgoutbox_core::settings::{EnvOverrides, HumanDuration, VarError};
+///
+/// pgoutbox_core::env_settings! {
+///     /// A broker's settings.
+///     pub struct BrokerSettings {
+///         /// The broker's URL.
+///         #[env(ENV_URL = "OUTBOX_BROKER_URL", text)]
+///         url: Option<String>,
+///         /// Longest wait for the broker.
+///         #[env(ENV_TIMEOUT_MS = "OUTBOX_BROKER_TIMEOUT_MS", millis)]
+///         timeout: Option<HumanDuration>,
+///         /// A deployment decision: from the file only.
+///         create_queues: Option<bool>,
+///     }
+///     type Error = VarError;
+/// }
+///
+/// let settings = BrokerSettings::default()
+///     .with_vars([(ENV_TIMEOUT_MS, "250"), ("UNRELATED", "x")])
+///     .unwrap();
+/// assert_eq!(settings.timeout, Some(HumanDuration::millis(250)));
+/// assert_eq!(settings.url, None);
+/// assert_eq!(ENV_URL, "OUTBOX_BROKER_URL");
+/// ```
+#[macro_export]
+macro_rules! env_settings {
+    // `text` and `path` cannot fail; `parse` and `millis` can.
+    (@read $vars:ident, text, $var:expr) => { $vars.text($var) };
+    (@read $vars:ident, path, $var:expr) => { $vars.path($var) };
+    (@read $vars:ident, $read:ident, $var:expr) => { $vars.$read($var)? };
+    // For the docs: the unit of a variable whose value is not written as in the file
+    // (a `*_MS` variable is whole milliseconds, the file's setting a duration).
+    (@unit millis) => { ", in milliseconds" };
+    (@unit $read:ident) => { "" };
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $(
+                $(#[doc = $doc:expr])*
+                $(#[env($const:ident = $var:literal, $read:ident)])?
+                $field:ident: $ty:ty,
+            )*
+        }
+        type Error = $error:ty;
+        $($(#[doc = $step_doc:expr])* then $step:ident;)?
+    ) => {
+        $($(
+            #[doc = concat!(
+                "Environment variable `", $var, "`: [`", stringify!($name), "::",
+                stringify!($field), "`]", $crate::env_settings!(@unit $read), ".",
+            )]
+            $vis const $const: &str = $var;
+        )?)*
+
+        $(#[$meta])*
+        #[derive(Debug, Clone, Default, PartialEq, Eq, ::serde::Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        #[non_exhaustive]
+        $vis struct $name {
+            $(
+                $(#[doc = $doc])*
+                pub $field: $ty,
+            )*
+        }
+
+        impl $crate::settings::EnvOverrides for $name {
+            type Error = $error;
+
+            /// These settings with `vars` laid over them: each variable that is set
+            /// replaces its setting.
+            ///
+            /// | variable | setting |
+            /// |---|---|
+            $($(
+                #[doc = concat!(
+                    "| `", $var, "` | `", stringify!($field), "`",
+                    $crate::env_settings!(@unit $read), " |",
+                )]
+            )?)*
+            $($(#[doc = $step_doc])*)?
+            fn with(
+                mut self,
+                vars: &$crate::settings::Vars,
+            ) -> ::core::result::Result<Self, $error> {
+                $($(
+                    self.$field = $crate::env_settings!(@read vars, $read, $const).or(self.$field);
+                )?)*
+                $(self = Self::$step(self, vars)?;)?
+                ::core::result::Result::Ok(self)
+            }
+        }
+    };
+}
+
+/// Builder steps for the settings that are set, so a config's `from_settings` reads
+/// as one line per setting: `Config::default().with_setting(&s.url, Config::url)`.
+pub trait WithSetting: Sized {
+    /// `set(self, value)` with the value of `setting` if it is set, else `self`
+    /// unchanged (the default stays).
+    fn with_setting<T: Clone>(
+        self,
+        setting: &Option<T>,
+        set: impl FnOnce(Self, T) -> Self,
+    ) -> Self {
+        match setting {
+            Some(value) => set(self, value.clone()),
+            None => self,
+        }
+    }
+}
+
+impl<C> WithSetting for C {}
 
 /// An environment variable whose value could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -149,10 +285,11 @@ impl Vars {
     }
 
     /// These pairs.
-    pub fn new(vars: impl IntoIterator<Item = (String, String)>) -> Self {
+    pub fn new(vars: impl IntoIterator<Item = (impl Into<String>, impl Into<String>)>) -> Self {
         Self(
             vars.into_iter()
-                .filter(|(_, value)| !value.trim().is_empty())
+                .map(|(var, value)| (var.into(), value.into()))
+                .filter(|(_, value): &(String, String)| !value.trim().is_empty())
                 .collect(),
         )
     }

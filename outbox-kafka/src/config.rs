@@ -5,89 +5,63 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pgoutbox_core::envelope::Envelope;
-use pgoutbox_core::settings::{settings_and_envelope, EnvOverrides, HumanDuration, Vars};
+use pgoutbox_core::settings::{settings_and_envelope, HumanDuration, Vars, WithSetting};
 use rdkafka::config::ClientConfig;
-use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::publisher::KafkaPublisher;
 use crate::routing::{validate_topic, Routing};
 
-/// Environment variable with the bootstrap servers (`host:port,host:port`). Required by
-/// [`KafkaConfig::from_env`].
-pub const ENV_BROKERS: &str = "OUTBOX_KAFKA_BROKERS";
-/// Environment variable with the topic prefix of the default route.
-pub const ENV_TOPIC_PREFIX: &str = "OUTBOX_KAFKA_TOPIC_PREFIX";
-/// Environment variable with one topic for all events without a more specific route.
-pub const ENV_TOPIC: &str = "OUTBOX_KAFKA_TOPIC";
-/// Environment variable with the delivery timeout in milliseconds.
-pub const ENV_DELIVERY_TIMEOUT_MS: &str = "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS";
-/// Environment variable with the local queue timeout in milliseconds.
-pub const ENV_QUEUE_TIMEOUT_MS: &str = "OUTBOX_KAFKA_QUEUE_TIMEOUT_MS";
-/// Environment variable: a file holding the SASL password (`sasl.password`), e.g. a
-/// mounted secret; the file's text without its trailing line break.
-pub const ENV_SASL_PASSWORD_FILE: &str = "OUTBOX_KAFKA_SASL_PASSWORD_FILE";
 /// Prefix of environment variables passed to librdkafka: `OUTBOX_KAFKA_RDKAFKA_SECURITY_PROTOCOL=SASL_SSL`
 /// sets `security.protocol` (name lower-cased, `_` turned into `.`).
 pub const ENV_RDKAFKA_PREFIX: &str = "OUTBOX_KAFKA_RDKAFKA_";
 
-/// Kafka settings as a configuration file or the environment writes them, every
-/// one optional (unset: the default of [`KafkaConfig`]; `brokers` is required).
-/// The `outbox` binary reads its `[broker.kafka]` section into this, lays the
-/// environment over it ([`EnvOverrides::with_env`]) and builds the config with
-/// [`KafkaConfig::from_settings`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-#[non_exhaustive]
-pub struct KafkaSettings {
-    /// The bootstrap servers, `host:port[,host:port...]`.
-    pub brokers: Option<String>,
-    /// [`KafkaConfig::topic_prefix`].
-    pub topic_prefix: Option<String>,
-    /// [`KafkaConfig::topic`].
-    pub topic: Option<String>,
-    /// [`KafkaConfig::delivery_timeout`], e.g. `"20s"`.
-    pub delivery_timeout: Option<HumanDuration>,
-    /// [`KafkaConfig::queue_timeout`], e.g. `"5s"`.
-    pub queue_timeout: Option<HumanDuration>,
-    /// A file holding the SASL password (`sasl.password`), e.g. a mounted secret.
-    pub sasl_password_file: Option<PathBuf>,
-    /// Create the topics this configuration names ([`KafkaConfig::named_topics`])
-    /// when missing, with this many partitions, before publishing
-    /// ([`KafkaConfig::ensure_topic`]; the `outbox` binary's `relay` and `migrate`
-    /// do), for clusters that do not create topics on first use. No environment
-    /// variable: a deployment decision.
-    pub create_topics_with_partitions: Option<i32>,
-    /// librdkafka properties ([`KafkaConfig::set`]), e.g. `"security.protocol" = "SASL_SSL"`.
-    pub properties: BTreeMap<String, String>,
+pgoutbox_core::env_settings! {
+    /// Kafka settings as a configuration file or the environment writes them, every
+    /// one optional (unset: the default of [`KafkaConfig`]; `brokers` is required).
+    /// The `outbox` binary reads its `[broker.kafka]` section into this, lays the
+    /// environment over it ([`EnvOverrides::with_env`](crate::EnvOverrides::with_env))
+    /// and builds the config with [`KafkaConfig::from_settings`].
+    pub struct KafkaSettings {
+        /// The bootstrap servers, `host:port[,host:port...]`. Required by
+        /// [`KafkaConfig::from_settings`] and [`KafkaConfig::from_env`].
+        #[env(ENV_BROKERS = "OUTBOX_KAFKA_BROKERS", text)]
+        brokers: Option<String>,
+        /// [`KafkaConfig::topic_prefix`]: the topic prefix of the default route.
+        #[env(ENV_TOPIC_PREFIX = "OUTBOX_KAFKA_TOPIC_PREFIX", text)]
+        topic_prefix: Option<String>,
+        /// [`KafkaConfig::topic`]: one topic for all events without a more specific
+        /// route.
+        #[env(ENV_TOPIC = "OUTBOX_KAFKA_TOPIC", text)]
+        topic: Option<String>,
+        /// [`KafkaConfig::delivery_timeout`], e.g. `"20s"`.
+        #[env(ENV_DELIVERY_TIMEOUT_MS = "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS", millis)]
+        delivery_timeout: Option<HumanDuration>,
+        /// [`KafkaConfig::queue_timeout`], the wait for room in the local queue, e.g. `"5s"`.
+        #[env(ENV_QUEUE_TIMEOUT_MS = "OUTBOX_KAFKA_QUEUE_TIMEOUT_MS", millis)]
+        queue_timeout: Option<HumanDuration>,
+        /// A file holding the SASL password (`sasl.password`), e.g. a mounted secret;
+        /// the file's text without its trailing line break.
+        #[env(ENV_SASL_PASSWORD_FILE = "OUTBOX_KAFKA_SASL_PASSWORD_FILE", path)]
+        sasl_password_file: Option<PathBuf>,
+        /// Create the topics this configuration names ([`KafkaConfig::named_topics`])
+        /// when missing, with this many partitions, before publishing
+        /// ([`KafkaConfig::ensure_topic`]; the `outbox` binary's `relay` and `migrate`
+        /// do), for clusters that do not create topics on first use. No environment
+        /// variable: a deployment decision.
+        create_topics_with_partitions: Option<i32>,
+        /// librdkafka properties ([`KafkaConfig::set`]), e.g. `"security.protocol" = "SASL_SSL"`;
+        /// the `OUTBOX_KAFKA_RDKAFKA_<NAME>` variables ([`ENV_RDKAFKA_PREFIX`]) add to them.
+        properties: BTreeMap<String, String>,
+    }
+    type Error = Error;
+    /// | `OUTBOX_KAFKA_RDKAFKA_<NAME>` | `properties`: `<name>` lower-cased, `_` turned into `.` |
+    then with_rdkafka_properties;
 }
 
-impl EnvOverrides for KafkaSettings {
-    type Error = Error;
-
-    /// These settings with `vars` laid over them: each variable that is set
-    /// replaces its setting.
-    ///
-    /// | variable | setting |
-    /// |---|---|
-    /// | `OUTBOX_KAFKA_BROKERS` | `brokers` |
-    /// | `OUTBOX_KAFKA_TOPIC_PREFIX` | `topic_prefix` |
-    /// | `OUTBOX_KAFKA_TOPIC` | `topic` |
-    /// | `OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS` | `delivery_timeout`, in milliseconds |
-    /// | `OUTBOX_KAFKA_QUEUE_TIMEOUT_MS` | `queue_timeout`, in milliseconds |
-    /// | `OUTBOX_KAFKA_SASL_PASSWORD_FILE` | `sasl_password_file` |
-    /// | `OUTBOX_KAFKA_RDKAFKA_<NAME>` | `properties`: `<name>` lower-cased, `_` turned into `.` |
-    fn with(mut self, vars: &Vars) -> Result<Self> {
-        self.brokers = vars.text(ENV_BROKERS).or(self.brokers);
-        self.topic_prefix = vars.text(ENV_TOPIC_PREFIX).or(self.topic_prefix);
-        self.topic = vars.text(ENV_TOPIC).or(self.topic);
-        self.delivery_timeout = vars
-            .millis(ENV_DELIVERY_TIMEOUT_MS)?
-            .or(self.delivery_timeout);
-        self.queue_timeout = vars.millis(ENV_QUEUE_TIMEOUT_MS)?.or(self.queue_timeout);
-        self.sasl_password_file = vars
-            .path(ENV_SASL_PASSWORD_FILE)
-            .or(self.sasl_password_file);
+impl KafkaSettings {
+    /// The `OUTBOX_KAFKA_RDKAFKA_<NAME>` variables laid over `properties`.
+    fn with_rdkafka_properties(mut self, vars: &Vars) -> Result<Self> {
         for (name, value) in vars.with_prefix(ENV_RDKAFKA_PREFIX) {
             if name.is_empty() {
                 return Err(Error::InvalidEnv {
@@ -162,15 +136,16 @@ impl KafkaConfig {
         }
     }
 
-    /// Read the configuration from the environment ([`KafkaSettings`]'s [`EnvOverrides::with`]
-    /// lists the variables; `OUTBOX_KAFKA_BROKERS` is required) and the envelope
-    /// ([`Envelope::from_lookup`]: `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`).
+    /// Read the configuration from the environment ([`KafkaSettings`]'s
+    /// [`EnvOverrides::with`](crate::EnvOverrides::with) lists the variables;
+    /// `OUTBOX_KAFKA_BROKERS` is required) and the envelope ([`Envelope::from_lookup`]:
+    /// `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`).
     pub fn from_env() -> Result<Self> {
         Self::from_vars(std::env::vars())
     }
 
     /// Like [`KafkaConfig::from_env`], from the given variables.
-    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+    pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
         let (settings, envelope) =
             settings_and_envelope::<KafkaSettings>(vars, |e| Error::InvalidConfig {
                 field: "envelope",
@@ -190,28 +165,29 @@ impl KafkaConfig {
                 "not set: set it ({ENV_BROKERS}) to the bootstrap servers, e.g. 127.0.0.1:9092"
             ),
         })?;
-        let mut config = Self::new(brokers);
-        if let Some(prefix) = &s.topic_prefix {
-            config = config.topic_prefix(prefix.clone());
-        }
-        if let Some(topic) = &s.topic {
-            config = config.topic(topic.clone());
-        }
-        if let Some(timeout) = s.delivery_timeout {
-            config = config.delivery_timeout(timeout.0);
-        }
-        if let Some(timeout) = s.queue_timeout {
-            config = config.queue_timeout(timeout.0);
-        }
-        if let Some(path) = &s.sasl_password_file {
-            let password =
+        let sasl_password = s
+            .sasl_password_file
+            .as_deref()
+            .map(|path| {
                 pgoutbox_core::read_secret_file(path).map_err(|e| Error::InvalidEnv {
                     var: format!("sasl_password_file ({ENV_SASL_PASSWORD_FILE})"),
                     value: path.display().to_string(),
                     reason: e.to_string(),
-                })?;
-            config = config.set("sasl.password", password);
-        }
+                })
+            })
+            .transpose()?;
+        let mut config = Self::new(brokers)
+            .with_setting(&s.topic_prefix, Self::topic_prefix)
+            .with_setting(&s.topic, Self::topic)
+            .with_setting(&s.delivery_timeout, |c, timeout| {
+                c.delivery_timeout(timeout.into())
+            })
+            .with_setting(&s.queue_timeout, |c, timeout| {
+                c.queue_timeout(timeout.into())
+            })
+            .with_setting(&sasl_password, |c, password| {
+                c.set("sasl.password", password)
+            });
         for (name, value) in &s.properties {
             config = config.set(name.clone(), value.clone());
         }
@@ -352,23 +328,17 @@ impl KafkaConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::EnvOverrides;
 
     #[test]
     fn from_vars_reads_everything() {
-        let config = KafkaConfig::from_vars(vars(&[
+        let config = KafkaConfig::from_vars([
             (ENV_BROKERS, "a:9092,b:9092"),
             (ENV_TOPIC_PREFIX, "events."),
             (ENV_DELIVERY_TIMEOUT_MS, "1500"),
             ("OUTBOX_KAFKA_RDKAFKA_COMPRESSION_TYPE", "lz4"),
             ("UNRELATED", "x"),
-        ]))
+        ])
         .unwrap();
         assert_eq!(config.brokers(), "a:9092,b:9092");
         assert_eq!(config.routing.topics.prefix, "events.");
@@ -395,10 +365,10 @@ mod tests {
         )
         .unwrap();
         let settings = file
-            .with_vars(vars(&[
+            .with_vars([
                 (ENV_BROKERS, "env:9092"),
                 ("OUTBOX_KAFKA_RDKAFKA_COMPRESSION_TYPE", "lz4"),
-            ]))
+            ])
             .unwrap();
         assert_eq!(settings.create_topics_with_partitions, Some(3));
         let config = KafkaConfig::from_settings(&settings).unwrap();
@@ -438,17 +408,14 @@ mod tests {
 
     #[test]
     fn missing_brokers_is_named() {
-        let err = KafkaConfig::from_vars(vars(&[])).unwrap_err();
+        let err = KafkaConfig::from_vars([("UNRELATED", "x")]).unwrap_err();
         assert!(err.to_string().contains(ENV_BROKERS), "{err}");
     }
 
     #[test]
     fn bad_number_is_named() {
-        let err = KafkaConfig::from_vars(vars(&[
-            (ENV_BROKERS, "a:1"),
-            (ENV_QUEUE_TIMEOUT_MS, "soon"),
-        ]))
-        .unwrap_err();
+        let err = KafkaConfig::from_vars([(ENV_BROKERS, "a:1"), (ENV_QUEUE_TIMEOUT_MS, "soon")])
+            .unwrap_err();
         assert!(err.to_string().contains(ENV_QUEUE_TIMEOUT_MS), "{err}");
     }
 

@@ -7,45 +7,11 @@ use std::time::Duration;
 use async_nats::ServerAddr;
 use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::redact_url;
-use pgoutbox_core::settings::{settings_and_envelope, EnvOverrides, HumanDuration, Vars};
-use serde::Deserialize;
+use pgoutbox_core::settings::{settings_and_envelope, HumanDuration, WithSetting};
 
 use crate::error::{Error, Result};
 use crate::publisher::NatsPublisher;
 use crate::routing::SubjectRouting;
-
-/// Environment variable `OUTBOX_NATS_URL` (see [`NatsConfig::from_env`]).
-pub const ENV_URL: &str = "OUTBOX_NATS_URL";
-/// Environment variable `OUTBOX_NATS_SUBJECT_PREFIX` (see [`NatsConfig::from_env`]).
-pub const ENV_SUBJECT_PREFIX: &str = "OUTBOX_NATS_SUBJECT_PREFIX";
-/// Environment variable `OUTBOX_NATS_TIMEOUT_MS` (see [`NatsConfig::from_env`]).
-pub const ENV_TIMEOUT_MS: &str = "OUTBOX_NATS_TIMEOUT_MS";
-/// Environment variable `OUTBOX_NATS_MAX_IN_FLIGHT` (see [`NatsConfig::from_env`]).
-pub const ENV_MAX_IN_FLIGHT: &str = "OUTBOX_NATS_MAX_IN_FLIGHT";
-/// Environment variable `OUTBOX_NATS_CLIENT_NAME` (see [`NatsConfig::from_env`]).
-pub const ENV_CLIENT_NAME: &str = "OUTBOX_NATS_CLIENT_NAME";
-/// Environment variable `OUTBOX_NATS_USER` (see [`NatsConfig::from_env`]).
-pub const ENV_USER: &str = "OUTBOX_NATS_USER";
-/// Environment variable `OUTBOX_NATS_PASSWORD` (see [`NatsConfig::from_env`]).
-pub const ENV_PASSWORD: &str = "OUTBOX_NATS_PASSWORD";
-/// Environment variable `OUTBOX_NATS_TOKEN` (see [`NatsConfig::from_env`]).
-pub const ENV_TOKEN: &str = "OUTBOX_NATS_TOKEN";
-/// Environment variable `OUTBOX_NATS_PASSWORD_FILE` (see [`NatsConfig::from_env`]).
-pub const ENV_PASSWORD_FILE: &str = "OUTBOX_NATS_PASSWORD_FILE";
-/// Environment variable `OUTBOX_NATS_TOKEN_FILE` (see [`NatsConfig::from_env`]).
-pub const ENV_TOKEN_FILE: &str = "OUTBOX_NATS_TOKEN_FILE";
-/// Environment variable `OUTBOX_NATS_TLS_REQUIRED` (see [`NatsConfig::from_env`]).
-pub const ENV_TLS_REQUIRED: &str = "OUTBOX_NATS_TLS_REQUIRED";
-/// Environment variable `OUTBOX_NATS_TLS_CA` (see [`NatsConfig::from_env`]).
-pub const ENV_TLS_CA: &str = "OUTBOX_NATS_TLS_CA";
-/// Environment variable `OUTBOX_NATS_TLS_CERT` (see [`NatsConfig::from_env`]).
-pub const ENV_TLS_CERT: &str = "OUTBOX_NATS_TLS_CERT";
-/// Environment variable `OUTBOX_NATS_TLS_KEY` (see [`NatsConfig::from_env`]).
-pub const ENV_TLS_KEY: &str = "OUTBOX_NATS_TLS_KEY";
-/// Environment variable `OUTBOX_NATS_CREDS` (see [`NatsConfig::from_env`]).
-pub const ENV_CREDS: &str = "OUTBOX_NATS_CREDS";
-/// Environment variable `OUTBOX_NATS_NKEY_FILE` (see [`NatsConfig::from_env`]).
-pub const ENV_NKEY_FILE: &str = "OUTBOX_NATS_NKEY_FILE";
 
 /// Default server URL.
 pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
@@ -101,111 +67,102 @@ pub struct NatsConfig {
     pub envelope: Envelope,
 }
 
-/// NATS settings as a configuration file or the environment writes them, every
-/// one optional (unset: the default of [`NatsConfig`]). The `outbox` binary reads
-/// its `[broker.nats]` section into this, lays the environment over it
-/// ([`EnvOverrides::with_env`]) and builds the config with
-/// [`NatsConfig::from_settings`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-#[non_exhaustive]
-pub struct NatsSettings {
-    /// [`NatsConfig::url`].
-    pub url: Option<String>,
-    /// Prefix of the default [`SubjectRouting`].
-    pub subject_prefix: Option<String>,
-    /// [`NatsConfig::timeout`], e.g. `"5s"`.
-    pub timeout: Option<HumanDuration>,
-    /// [`NatsConfig::max_in_flight`].
-    pub max_in_flight: Option<usize>,
-    /// [`NatsConfig::client_name`].
-    pub client_name: Option<String>,
-    /// User of [`NatsConfig::user_password`].
-    pub user: Option<String>,
-    /// Password of [`NatsConfig::user_password`].
-    pub password: Option<String>,
-    /// [`NatsConfig::token`].
-    pub token: Option<String>,
-    /// The password, read from this file (a mounted secret).
-    pub password_file: Option<PathBuf>,
-    /// The token, read from this file (a mounted secret).
-    pub token_file: Option<PathBuf>,
-    /// [`NatsConfig::tls_required`].
-    pub tls_required: Option<bool>,
-    /// [`NatsConfig::tls_ca_file`].
-    pub tls_ca: Option<PathBuf>,
-    /// Certificate of [`NatsConfig::tls_client_cert`].
-    pub tls_cert: Option<PathBuf>,
-    /// Key of [`NatsConfig::tls_client_cert`].
-    pub tls_key: Option<PathBuf>,
-    /// [`NatsConfig::credentials_file`].
-    pub creds: Option<PathBuf>,
-    /// [`NatsConfig::nkey_seed_file`].
-    pub nkey_file: Option<PathBuf>,
-    /// A JetStream stream to create (or update) over the subjects before
-    /// publishing ([`NatsPublisher::ensure_stream`]); the `outbox` binary's
-    /// `relay` and `migrate` do. No environment variable: a deployment decision.
-    pub ensure_stream: Option<String>,
-}
-
-impl EnvOverrides for NatsSettings {
-    type Error = Error;
-
-    /// These settings with `vars` laid over them: each variable that is set
-    /// replaces its setting.
-    ///
-    /// | variable | setting |
-    /// |---|---|
-    /// | `OUTBOX_NATS_URL` | `url` |
-    /// | `OUTBOX_NATS_SUBJECT_PREFIX` | `subject_prefix` |
-    /// | `OUTBOX_NATS_TIMEOUT_MS` | `timeout`, in milliseconds |
-    /// | `OUTBOX_NATS_MAX_IN_FLIGHT` | `max_in_flight` |
-    /// | `OUTBOX_NATS_CLIENT_NAME` | `client_name` |
-    /// | `OUTBOX_NATS_USER`, `OUTBOX_NATS_PASSWORD` | `user`, `password` |
-    /// | `OUTBOX_NATS_TOKEN` | `token` |
-    /// | `OUTBOX_NATS_PASSWORD_FILE`, `OUTBOX_NATS_TOKEN_FILE` | `password_file`, `token_file` |
-    /// | `OUTBOX_NATS_TLS_REQUIRED` | `tls_required`, `true` or `false` |
-    /// | `OUTBOX_NATS_TLS_CA` | `tls_ca` |
-    /// | `OUTBOX_NATS_TLS_CERT`, `OUTBOX_NATS_TLS_KEY` | `tls_cert`, `tls_key` |
-    /// | `OUTBOX_NATS_CREDS` | `creds` |
-    /// | `OUTBOX_NATS_NKEY_FILE` | `nkey_file` |
-    fn with(mut self, vars: &Vars) -> Result<Self> {
-        self.url = vars.text(ENV_URL).or(self.url);
-        self.subject_prefix = vars.text(ENV_SUBJECT_PREFIX).or(self.subject_prefix);
-        self.timeout = vars.millis(ENV_TIMEOUT_MS)?.or(self.timeout);
-        self.max_in_flight = vars.parse(ENV_MAX_IN_FLIGHT)?.or(self.max_in_flight);
-        self.client_name = vars.text(ENV_CLIENT_NAME).or(self.client_name);
-        self.user = vars.text(ENV_USER).or(self.user);
-        self.password = vars.text(ENV_PASSWORD).or(self.password);
-        self.token = vars.text(ENV_TOKEN).or(self.token);
-        self.password_file = vars.path(ENV_PASSWORD_FILE).or(self.password_file);
-        self.token_file = vars.path(ENV_TOKEN_FILE).or(self.token_file);
-        self.tls_required = vars.parse(ENV_TLS_REQUIRED)?.or(self.tls_required);
-        self.tls_ca = vars.path(ENV_TLS_CA).or(self.tls_ca);
-        self.tls_cert = vars.path(ENV_TLS_CERT).or(self.tls_cert);
-        self.tls_key = vars.path(ENV_TLS_KEY).or(self.tls_key);
-        self.creds = vars.path(ENV_CREDS).or(self.creds);
-        self.nkey_file = vars.path(ENV_NKEY_FILE).or(self.nkey_file);
-        Ok(self)
+pgoutbox_core::env_settings! {
+    /// NATS settings as a configuration file or the environment writes them, every
+    /// one optional (unset: the default of [`NatsConfig`]). The `outbox` binary reads
+    /// its `[broker.nats]` section into this, lays the environment over it
+    /// ([`EnvOverrides::with_env`](crate::EnvOverrides::with_env)) and builds the
+    /// config with [`NatsConfig::from_settings`].
+    pub struct NatsSettings {
+        /// [`NatsConfig::url`].
+        #[env(ENV_URL = "OUTBOX_NATS_URL", text)]
+        url: Option<String>,
+        /// Prefix of the default [`SubjectRouting`].
+        #[env(ENV_SUBJECT_PREFIX = "OUTBOX_NATS_SUBJECT_PREFIX", text)]
+        subject_prefix: Option<String>,
+        /// [`NatsConfig::timeout`], e.g. `"5s"`.
+        #[env(ENV_TIMEOUT_MS = "OUTBOX_NATS_TIMEOUT_MS", millis)]
+        timeout: Option<HumanDuration>,
+        /// [`NatsConfig::max_in_flight`].
+        #[env(ENV_MAX_IN_FLIGHT = "OUTBOX_NATS_MAX_IN_FLIGHT", parse)]
+        max_in_flight: Option<usize>,
+        /// [`NatsConfig::client_name`].
+        #[env(ENV_CLIENT_NAME = "OUTBOX_NATS_CLIENT_NAME", text)]
+        client_name: Option<String>,
+        /// User of [`NatsConfig::user_password`].
+        #[env(ENV_USER = "OUTBOX_NATS_USER", text)]
+        user: Option<String>,
+        /// Password of [`NatsConfig::user_password`].
+        #[env(ENV_PASSWORD = "OUTBOX_NATS_PASSWORD", text)]
+        password: Option<String>,
+        /// [`NatsConfig::token`].
+        #[env(ENV_TOKEN = "OUTBOX_NATS_TOKEN", text)]
+        token: Option<String>,
+        /// The password, read from this file (a mounted secret).
+        #[env(ENV_PASSWORD_FILE = "OUTBOX_NATS_PASSWORD_FILE", path)]
+        password_file: Option<PathBuf>,
+        /// The token, read from this file (a mounted secret).
+        #[env(ENV_TOKEN_FILE = "OUTBOX_NATS_TOKEN_FILE", path)]
+        token_file: Option<PathBuf>,
+        /// [`NatsConfig::tls_required`], `true` or `false`.
+        #[env(ENV_TLS_REQUIRED = "OUTBOX_NATS_TLS_REQUIRED", parse)]
+        tls_required: Option<bool>,
+        /// [`NatsConfig::tls_ca_file`].
+        #[env(ENV_TLS_CA = "OUTBOX_NATS_TLS_CA", path)]
+        tls_ca: Option<PathBuf>,
+        /// Certificate of [`NatsConfig::tls_client_cert`].
+        #[env(ENV_TLS_CERT = "OUTBOX_NATS_TLS_CERT", path)]
+        tls_cert: Option<PathBuf>,
+        /// Key of [`NatsConfig::tls_client_cert`].
+        #[env(ENV_TLS_KEY = "OUTBOX_NATS_TLS_KEY", path)]
+        tls_key: Option<PathBuf>,
+        /// [`NatsConfig::credentials_file`].
+        #[env(ENV_CREDS = "OUTBOX_NATS_CREDS", path)]
+        creds: Option<PathBuf>,
+        /// [`NatsConfig::nkey_seed_file`].
+        #[env(ENV_NKEY_FILE = "OUTBOX_NATS_NKEY_FILE", path)]
+        nkey_file: Option<PathBuf>,
+        /// A JetStream stream to create (or update) over the subjects before
+        /// publishing ([`NatsPublisher::ensure_stream`]); the `outbox` binary's
+        /// `relay` and `migrate` do. No environment variable: a deployment decision.
+        ensure_stream: Option<String>,
     }
+    type Error = Error;
 }
 
+// Not derived: the password and the token are hidden. Destructured so that a new
+// field (a secret, perhaps) is shown or hidden on purpose.
 impl std::fmt::Debug for NatsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            url,
+            routing,
+            timeout,
+            max_in_flight,
+            client_name,
+            user_password,
+            token,
+            tls_required,
+            tls_ca_file,
+            tls_client_cert,
+            credentials_file,
+            nkey_seed_file,
+            envelope,
+        } = self;
         f.debug_struct("NatsConfig")
-            .field("url", &redact_url(&self.url))
-            .field("routing", &self.routing)
-            .field("timeout", &self.timeout)
-            .field("max_in_flight", &self.max_in_flight)
-            .field("client_name", &self.client_name)
-            .field("user", &self.user_password.as_ref().map(|(u, _)| u))
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("tls_required", &self.tls_required)
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("tls_client_cert", &self.tls_client_cert)
-            .field("credentials_file", &self.credentials_file)
-            .field("nkey_seed_file", &self.nkey_seed_file)
-            .field("envelope", &self.envelope)
+            .field("url", &redact_url(url))
+            .field("routing", routing)
+            .field("timeout", timeout)
+            .field("max_in_flight", max_in_flight)
+            .field("client_name", client_name)
+            .field("user", &user_password.as_ref().map(|(user, _)| user))
+            .field("token", &token.as_ref().map(|_| "<redacted>"))
+            .field("tls_required", tls_required)
+            .field("tls_ca_file", tls_ca_file)
+            .field("tls_client_cert", tls_client_cert)
+            .field("credentials_file", credentials_file)
+            .field("nkey_seed_file", nkey_seed_file)
+            .field("envelope", envelope)
             .finish()
     }
 }
@@ -236,16 +193,17 @@ impl NatsConfig {
         }
     }
 
-    /// Defaults overridden by the environment ([`NatsSettings`]'s [`EnvOverrides::with`] lists
-    /// the `OUTBOX_NATS_*` variables), and the envelope: `OUTBOX_ENVELOPE`,
-    /// `OUTBOX_CLOUDEVENTS_*` ([`Envelope::from_lookup`]). Unset or empty
-    /// variables keep the default; unparsable ones are an error.
+    /// Defaults overridden by the environment ([`NatsSettings`]'s
+    /// [`EnvOverrides::with`](crate::EnvOverrides::with) lists the `OUTBOX_NATS_*`
+    /// variables), and the envelope: `OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`
+    /// ([`Envelope::from_lookup`]). Unset or empty variables keep the default;
+    /// unparsable ones are an error.
     pub fn from_env() -> Result<Self> {
         Self::from_vars(std::env::vars())
     }
 
     /// Like [`NatsConfig::from_env`], from the given variables.
-    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+    pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
         let (settings, envelope) = settings_and_envelope::<NatsSettings>(vars, |e| {
             Error::config("envelope", e.to_string())
         })?;
@@ -258,22 +216,18 @@ impl NatsConfig {
     /// is refused alone.
     pub fn from_settings(settings: &NatsSettings) -> Result<Self> {
         let s = settings;
-        let mut config = Self::default();
-        if let Some(url) = &s.url {
-            config.url.clone_from(url);
-        }
-        if let Some(prefix) = &s.subject_prefix {
-            config.routing = SubjectRouting::new(prefix.clone());
-        }
-        if let Some(timeout) = s.timeout {
-            config.timeout = timeout.0;
-        }
-        if let Some(n) = s.max_in_flight {
-            config.max_in_flight = n;
-        }
-        if let Some(name) = &s.client_name {
-            config.client_name.clone_from(name);
-        }
+        let mut config = Self::default()
+            .with_setting(&s.url, Self::url)
+            .with_setting(&s.subject_prefix, |c, prefix| {
+                c.routing(SubjectRouting::new(prefix))
+            })
+            .with_setting(&s.timeout, |c, timeout| c.timeout(timeout.into()))
+            .with_setting(&s.max_in_flight, Self::max_in_flight)
+            .with_setting(&s.client_name, Self::client_name)
+            .with_setting(&s.tls_required, Self::tls_required)
+            .with_setting(&s.tls_ca, Self::tls_ca_file)
+            .with_setting(&s.creds, Self::credentials_file)
+            .with_setting(&s.nkey_file, Self::nkey_seed_file);
         let password = value_or_file(
             (s.password.as_ref(), "password", ENV_PASSWORD),
             (
@@ -282,36 +236,18 @@ impl NatsConfig {
                 ENV_PASSWORD_FILE,
             ),
         )?;
-        config.user_password = match (s.user.clone(), password) {
-            (Some(user), Some(password)) => Some((user, password)),
-            (None, None) => None,
-            _ => {
-                return Err(Error::config(
-                    format!("user ({ENV_USER}) and password ({ENV_PASSWORD})"),
-                    "set both or neither",
-                ))
-            }
-        };
+        config.user_password = both_or_neither(
+            (s.user.clone(), password),
+            format!("user ({ENV_USER}) and password ({ENV_PASSWORD})"),
+        )?;
         config.token = value_or_file(
             (s.token.as_ref(), "token", ENV_TOKEN),
             (s.token_file.as_deref(), "token_file", ENV_TOKEN_FILE),
         )?;
-        if let Some(required) = s.tls_required {
-            config.tls_required = required;
-        }
-        config.tls_ca_file.clone_from(&s.tls_ca);
-        config.tls_client_cert = match (s.tls_cert.clone(), s.tls_key.clone()) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            _ => {
-                return Err(Error::config(
-                    format!("tls_cert ({ENV_TLS_CERT}) and tls_key ({ENV_TLS_KEY})"),
-                    "set both or neither",
-                ))
-            }
-        };
-        config.credentials_file.clone_from(&s.creds);
-        config.nkey_seed_file.clone_from(&s.nkey_file);
+        config.tls_client_cert = both_or_neither(
+            (s.tls_cert.clone(), s.tls_key.clone()),
+            format!("tls_cert ({ENV_TLS_CERT}) and tls_key ({ENV_TLS_KEY})"),
+        )?;
         Ok(config)
     }
 
@@ -495,6 +431,16 @@ fn value_or_file(
     }
 }
 
+/// Two settings that only work together (user and password, certificate and key):
+/// both, or neither; `names` names them in the error.
+fn both_or_neither<A, B>(pair: (Option<A>, Option<B>), names: String) -> Result<Option<(A, B)>> {
+    match pair {
+        (Some(a), Some(b)) => Ok(Some((a, b))),
+        (None, None) => Ok(None),
+        _ => Err(Error::config(names, "set both or neither")),
+    }
+}
+
 /// The nkey seed in `path`, for [`NatsConfig::nkey_seed_file`].
 pub(crate) fn read_nkey_seed(path: &Path) -> Result<String> {
     pgoutbox_core::read_secret_file(path)
@@ -504,21 +450,15 @@ pub(crate) fn read_nkey_seed(path: &Path) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::EnvOverrides;
 
     #[test]
     fn env_overrides_defaults() {
-        let c = NatsConfig::from_vars(vars(&[
+        let c = NatsConfig::from_vars([
             ("OUTBOX_NATS_URL", "nats://a:1,nats://b:2"),
             ("OUTBOX_NATS_TIMEOUT_MS", "250"),
             ("OUTBOX_NATS_SUBJECT_PREFIX", "shop"),
-        ]))
+        ])
         .unwrap();
         assert_eq!(c.timeout, Duration::from_millis(250));
         assert_eq!(c.routing.prefix(), "shop");
@@ -537,10 +477,10 @@ mod tests {
         )
         .unwrap();
         let settings = file
-            .with_vars(vars(&[
+            .with_vars([
                 ("OUTBOX_NATS_URL", "nats://env:4222"),
                 ("OUTBOX_NATS_CLIENT_NAME", " "),
-            ]))
+            ])
             .unwrap();
         let c = NatsConfig::from_settings(&settings).unwrap();
         assert_eq!(c.url, "nats://env:4222");
@@ -553,24 +493,19 @@ mod tests {
 
     #[test]
     fn a_secret_comes_from_its_variable_or_its_file_never_both() {
-        let both = NatsConfig::from_vars(vars(&[
-            ("OUTBOX_NATS_TOKEN", "x"),
-            ("OUTBOX_NATS_TOKEN_FILE", "x"),
-        ]))
-        .unwrap_err()
-        .to_string();
+        let refused =
+            |vars: [(&str, &str); 2]| NatsConfig::from_vars(vars).unwrap_err().to_string();
+        let both = refused([("OUTBOX_NATS_TOKEN", "x"), ("OUTBOX_NATS_TOKEN_FILE", "x")]);
         assert!(
             both.contains("OUTBOX_NATS_TOKEN)")
                 && both.contains("OUTBOX_NATS_TOKEN_FILE")
                 && both.contains("set one, not both"),
             "{both}"
         );
-        let missing = NatsConfig::from_vars(vars(&[
+        let missing = refused([
             ("OUTBOX_NATS_USER", "u"),
             ("OUTBOX_NATS_PASSWORD_FILE", "/nonexistent/password"),
-        ]))
-        .unwrap_err()
-        .to_string();
+        ]);
         assert!(
             missing.contains("OUTBOX_NATS_PASSWORD_FILE")
                 && missing.contains("/nonexistent/password"),
@@ -580,9 +515,9 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        let err = NatsConfig::from_vars(vars(&[("OUTBOX_NATS_TIMEOUT_MS", "soon")])).unwrap_err();
+        let err = NatsConfig::from_vars([("OUTBOX_NATS_TIMEOUT_MS", "soon")]).unwrap_err();
         assert!(err.to_string().contains("OUTBOX_NATS_TIMEOUT_MS"), "{err}");
-        let err = NatsConfig::from_vars(vars(&[("OUTBOX_NATS_USER", "u")])).unwrap_err();
+        let err = NatsConfig::from_vars([("OUTBOX_NATS_USER", "u")]).unwrap_err();
         assert!(err.to_string().contains("OUTBOX_NATS_PASSWORD"), "{err}");
         assert!(NatsConfig::new("nats://host:notaport").validate().is_err());
         assert!(NatsConfig::new(" , ").validate().is_err());

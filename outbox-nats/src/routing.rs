@@ -95,11 +95,9 @@ pub fn validate_subject(subject: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use pgoutbox_core::conformance::event;
 
-    fn event(aggregate_type: &str, event_type: &str) -> Event {
-        pgoutbox_core::conformance::event(aggregate_type, "1", event_type, 1)
-    }
+    use super::*;
 
     #[test]
     fn rules_apply_in_order() {
@@ -107,18 +105,19 @@ mod tests {
             .event_type("order.paid", "billing.paid")
             .aggregate_type("order", "orders");
         assert_eq!(
-            r.subject(&event("order", "order.paid")).as_deref(),
+            r.subject(&event("order", "1", "order.paid", 1)).as_deref(),
             Ok("billing.paid")
         );
         assert_eq!(
-            r.subject(&event("order", "order.created")).as_deref(),
+            r.subject(&event("order", "1", "order.created", 1))
+                .as_deref(),
             Ok("orders")
         );
         assert_eq!(
-            r.subject(&event("user", "user.created")).as_deref(),
+            r.subject(&event("user", "1", "user.created", 1)).as_deref(),
             Ok("app.user.created")
         );
-        let mut e = event("order", "order.paid");
+        let mut e = event("order", "1", "order.paid", 1);
         e.destination = Some("special.subject".into());
         assert_eq!(r.subject(&e).as_deref(), Ok("special.subject"));
     }
@@ -126,9 +125,11 @@ mod tests {
     #[test]
     fn invalid_subjects_are_refused() {
         let r = SubjectRouting::new("app");
-        assert!(r.subject(&event("order", "order created")).is_err());
-        assert!(r.subject(&event("order", "order..created")).is_err());
-        assert!(r.subject(&event("order", ">")).is_err());
+        assert!(r.subject(&event("order", "1", "order created", 1)).is_err());
+        assert!(r
+            .subject(&event("order", "1", "order..created", 1))
+            .is_err());
+        assert!(r.subject(&event("order", "1", ">", 1)).is_err());
         assert!(SubjectRouting::new("a.").validate().is_err());
         assert!(SubjectRouting::new("a")
             .event_type("x", "b.*")

@@ -7,69 +7,39 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 use aws_sdk_sqs::config::{Credentials, Region};
 use pgoutbox_core::envelope::Envelope;
-use pgoutbox_core::settings::{settings_and_envelope, EnvOverrides, HumanDuration, Vars};
-use serde::Deserialize;
+use pgoutbox_core::settings::{settings_and_envelope, HumanDuration, WithSetting};
 
 use crate::error::{Error, Result};
 use crate::publisher::SqsPublisher;
 use crate::routing::{parse_target, Routing};
 
-/// Environment variable with the default queue (URL or name).
-pub const ENV_QUEUE: &str = "OUTBOX_SQS_QUEUE";
-/// Environment variable with the queue name prefix of the default route.
-pub const ENV_QUEUE_PREFIX: &str = "OUTBOX_SQS_QUEUE_PREFIX";
-/// Environment variable with an endpoint override, e.g. `http://127.0.0.1:5000` for moto.
-pub const ENV_ENDPOINT: &str = "OUTBOX_SQS_ENDPOINT";
-/// Environment variable with the region (else the AWS chain: `AWS_REGION`, profile...).
-pub const ENV_REGION: &str = "OUTBOX_SQS_REGION";
-/// Environment variable with the timeout of one SQS call in milliseconds.
-pub const ENV_TIMEOUT_MS: &str = "OUTBOX_SQS_TIMEOUT_MS";
-
 /// SQS's largest message (body plus attributes), in bytes: 256 KiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
 
-/// SQS settings as a configuration file or the environment writes them, every
-/// one optional (unset: the default of [`SqsConfig`]). The `outbox` binary reads
-/// its `[broker.sqs]` section into this, lays the environment over it
-/// ([`EnvOverrides::with_env`]) and builds the config with
-/// [`SqsConfig::from_settings`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-#[non_exhaustive]
-pub struct SqsSettings {
-    /// [`SqsConfig::queue`]: a queue URL or name.
-    pub queue: Option<String>,
-    /// [`SqsConfig::queue_prefix`].
-    pub queue_prefix: Option<String>,
-    /// [`SqsConfig::endpoint`], e.g. `http://127.0.0.1:5000` for moto.
-    pub endpoint: Option<String>,
-    /// [`SqsConfig::region`] (else the AWS chain: `AWS_REGION`, profile...).
-    pub region: Option<String>,
-    /// [`SqsConfig::timeout`] of one SQS call, e.g. `"10s"`.
-    pub timeout: Option<HumanDuration>,
-}
-
-impl EnvOverrides for SqsSettings {
-    type Error = Error;
-
-    /// These settings with `vars` laid over them: each variable that is set
-    /// replaces its setting.
-    ///
-    /// | variable | setting |
-    /// |---|---|
-    /// | `OUTBOX_SQS_QUEUE` | `queue` |
-    /// | `OUTBOX_SQS_QUEUE_PREFIX` | `queue_prefix` |
-    /// | `OUTBOX_SQS_ENDPOINT` | `endpoint` |
-    /// | `OUTBOX_SQS_REGION` | `region` |
-    /// | `OUTBOX_SQS_TIMEOUT_MS` | `timeout`, in milliseconds |
-    fn with(mut self, vars: &Vars) -> Result<Self> {
-        self.queue = vars.text(ENV_QUEUE).or(self.queue);
-        self.queue_prefix = vars.text(ENV_QUEUE_PREFIX).or(self.queue_prefix);
-        self.endpoint = vars.text(ENV_ENDPOINT).or(self.endpoint);
-        self.region = vars.text(ENV_REGION).or(self.region);
-        self.timeout = vars.millis(ENV_TIMEOUT_MS)?.or(self.timeout);
-        Ok(self)
+pgoutbox_core::env_settings! {
+    /// SQS settings as a configuration file or the environment writes them, every
+    /// one optional (unset: the default of [`SqsConfig`]). The `outbox` binary reads
+    /// its `[broker.sqs]` section into this, lays the environment over it
+    /// ([`EnvOverrides::with_env`](crate::EnvOverrides::with_env)) and builds the
+    /// config with [`SqsConfig::from_settings`].
+    pub struct SqsSettings {
+        /// [`SqsConfig::queue`]: the default queue, a queue URL or name.
+        #[env(ENV_QUEUE = "OUTBOX_SQS_QUEUE", text)]
+        queue: Option<String>,
+        /// [`SqsConfig::queue_prefix`]: the queue name prefix of the default route.
+        #[env(ENV_QUEUE_PREFIX = "OUTBOX_SQS_QUEUE_PREFIX", text)]
+        queue_prefix: Option<String>,
+        /// [`SqsConfig::endpoint`], e.g. `http://127.0.0.1:5000` for moto.
+        #[env(ENV_ENDPOINT = "OUTBOX_SQS_ENDPOINT", text)]
+        endpoint: Option<String>,
+        /// [`SqsConfig::region`] (else the AWS chain: `AWS_REGION`, profile...).
+        #[env(ENV_REGION = "OUTBOX_SQS_REGION", text)]
+        region: Option<String>,
+        /// [`SqsConfig::timeout`] of one SQS call, e.g. `"10s"`.
+        #[env(ENV_TIMEOUT_MS = "OUTBOX_SQS_TIMEOUT_MS", millis)]
+        timeout: Option<HumanDuration>,
     }
+    type Error = Error;
 }
 
 /// Configuration of an [`SqsPublisher`]; [`SqsConfig::build`] validates it, loads the
@@ -113,7 +83,8 @@ impl SqsConfig {
         Self::default().queue(queue)
     }
 
-    /// Read the environment ([`SqsSettings`]'s [`EnvOverrides::with`] lists the variables, all
+    /// Read the environment ([`SqsSettings`]'s
+    /// [`EnvOverrides::with`](crate::EnvOverrides::with) lists the variables, all
     /// optional) and the envelope ([`Envelope::from_lookup`]: `OUTBOX_ENVELOPE`,
     /// `OUTBOX_CLOUDEVENTS_*`). Credentials come from the AWS chain.
     pub fn from_env() -> Result<Self> {
@@ -121,7 +92,7 @@ impl SqsConfig {
     }
 
     /// Like [`SqsConfig::from_env`], from the given variables.
-    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+    pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
         let (settings, envelope) = settings_and_envelope::<SqsSettings>(vars, Error::from)?;
         Ok(Self::from_settings(&settings).envelope(envelope))
     }
@@ -130,23 +101,12 @@ impl SqsConfig {
     /// environment laid over it).
     pub fn from_settings(settings: &SqsSettings) -> Self {
         let s = settings;
-        let mut config = Self::default();
-        if let Some(queue) = &s.queue {
-            config = config.queue(queue.clone());
-        }
-        if let Some(prefix) = &s.queue_prefix {
-            config = config.queue_prefix(prefix.clone());
-        }
-        if let Some(endpoint) = &s.endpoint {
-            config = config.endpoint(endpoint.clone());
-        }
-        if let Some(region) = &s.region {
-            config = config.region(region.clone());
-        }
-        if let Some(timeout) = s.timeout {
-            config = config.timeout(timeout.0);
-        }
-        config
+        Self::default()
+            .with_setting(&s.queue, Self::queue)
+            .with_setting(&s.queue_prefix, Self::queue_prefix)
+            .with_setting(&s.endpoint, Self::endpoint)
+            .with_setting(&s.region, Self::region)
+            .with_setting(&s.timeout, |c, timeout| c.timeout(timeout.into()))
     }
 
     /// Encode events with this envelope: the outbox envelope (default) or
@@ -321,28 +281,22 @@ impl SqsConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::EnvOverrides;
 
     #[test]
     fn from_vars_reads_everything() {
-        let c = SqsConfig::from_vars(vars(&[
+        let c = SqsConfig::from_vars([
             (ENV_QUEUE, "orders.fifo"),
             (ENV_ENDPOINT, "http://127.0.0.1:5000"),
             (ENV_REGION, "eu-west-1"),
             (ENV_TIMEOUT_MS, "2500"),
-        ]))
+        ])
         .unwrap();
         assert_eq!(c.routing.queues.default.as_deref(), Some("orders.fifo"));
         assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
         assert_eq!(c.region.as_deref(), Some("eu-west-1"));
         assert_eq!(c.timeout, Duration::from_millis(2500));
-        let err = SqsConfig::from_vars(vars(&[(ENV_TIMEOUT_MS, "soon")])).unwrap_err();
+        let err = SqsConfig::from_vars([(ENV_TIMEOUT_MS, "soon")]).unwrap_err();
         assert!(err.to_string().contains(ENV_TIMEOUT_MS), "{err}");
     }
 
@@ -350,7 +304,7 @@ mod tests {
     fn the_environment_wins_over_the_file() {
         let file: SqsSettings =
             toml::from_str("queue = \"file-q\"\nregion = \"eu-west-1\"\ntimeout = \"3s\"").unwrap();
-        let settings = file.with_vars(vars(&[(ENV_QUEUE, "env-q")])).unwrap();
+        let settings = file.with_vars([(ENV_QUEUE, "env-q")]).unwrap();
         let c = SqsConfig::from_settings(&settings);
         assert_eq!(c.routing.queues.default.as_deref(), Some("env-q"));
         assert_eq!(c.region.as_deref(), Some("eu-west-1"));

@@ -42,8 +42,6 @@ pub const DATA_CONTENT_TYPE: &str = "application/json";
 pub const AGGREGATE_TYPE: &str = "aggregatetype";
 /// Extension attribute with the aggregate id.
 pub const AGGREGATE_ID: &str = "aggregateid";
-/// The default subject template: the aggregate id.
-pub const DEFAULT_SUBJECT: &str = "{aggregate_id}";
 
 /// How a CloudEvent travels: attributes as headers, or the whole event as the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -55,6 +53,9 @@ pub enum ContentMode {
     /// The event in the JSON event format as the body.
     Structured,
 }
+
+/// The default subject template of [`CloudEvents`]: the aggregate id.
+pub const DEFAULT_SUBJECT: &str = "{aggregate_id}";
 
 /// The CloudEvents envelope's settings: content mode, `source`, `subject`.
 #[derive(Debug, Clone, PartialEq, Eq)]

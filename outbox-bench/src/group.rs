@@ -198,7 +198,10 @@ async fn phase(
         let mut i = 0u64;
         // Offer live events until the backlog is drained.
         loop {
-            if arrival == Arrival::WhileRunning && backlog.is_none() && started.elapsed() >= SETTLE
+            if arrival == Arrival::WhileRunning
+                && backlog.is_none()
+                && backlog_from.is_none()
+                && started.elapsed() >= SETTLE
             {
                 let (url, tables) = (url.to_string(), all[0].clone());
                 let n = args.backlog;
@@ -208,13 +211,8 @@ async fn phase(
                         .map_err(|e| e.to_string())
                 }));
             }
-            if backlog
-                .as_ref()
-                .is_some_and(|t| t.is_finished() && backlog_from.is_none())
-            {
-                if let Some(task) = backlog.as_mut() {
-                    backlog_from = Some(task.await??);
-                }
+            if let Some(task) = backlog.take_if(|t| t.is_finished()) {
+                backlog_from = Some(task.await??);
             }
             if backlog_from.is_some() && backlog_stamps.count() >= args.backlog as usize {
                 backlog_drained = Some(Instant::now());

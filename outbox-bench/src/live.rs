@@ -26,6 +26,10 @@ pub(crate) struct LiveArgs {
     /// while a batch is published and recorded.
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// `relay.synchronous_commit` of the relay processes: `false` lets a relay's
+    /// record transaction commit without waiting for the WAL flush.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    synchronous_commit: bool,
     /// The `outbox` binary (default: `$CARGO_TARGET_DIR/release/outbox`, else
     /// `target/release/outbox`).
     #[arg(long)]
@@ -43,6 +47,7 @@ pub(crate) async fn live(_url: &str, args: &LiveArgs) -> Result<Report> {
         args.duration_secs,
         &args.relays,
         args.workers,
+        args.synchronous_commit,
         &args.binary,
         &args.nats_url,
     );
@@ -94,10 +99,11 @@ pub(crate) async fn live(url: &str, args: &LiveArgs) -> Result<Report> {
         .collect();
     Ok(Report {
         line: format!(
-            "live: `outbox relay` processes ({} worker(s) each) into NATS JetStream, {} events/s \
-             for {} s from an emptied and analysed table, commit-to-delivery: {}; target p99 \
-             <= 10 ms and backlog 0 within 1 s: {}",
+            "live: `outbox relay` processes ({} worker(s) each, synchronous_commit {}) into \
+             NATS JetStream, {} events/s for {} s from an emptied and analysed table, \
+             commit-to-delivery: {}; target p99 <= 10 ms and backlog 0 within 1 s: {}",
             args.workers,
+            args.synchronous_commit,
             args.rate,
             args.duration_secs,
             parts.join("; "),
@@ -105,7 +111,7 @@ pub(crate) async fn live(url: &str, args: &LiveArgs) -> Result<Report> {
         ),
         json: json!({
             "scenario": "live", "rate": args.rate, "seconds": args.duration_secs,
-            "workers": args.workers,
+            "workers": args.workers, "synchronous_commit": args.synchronous_commit,
             "runs": results.iter().map(|(relays, r)| json!({
                 "relays": relays, "p50_ms": r.p50, "p90_ms": r.p90, "p99_ms": r.p99,
                 "max_ms": r.max, "produced": r.produced, "received": r.received,
@@ -214,6 +220,10 @@ mod nats {
                 .env("OUTBOX_BROKER", "nats")
                 .env("OUTBOX_NATS_URL", &args.nats_url)
                 .env("OUTBOX_WORKERS", args.workers.max(1).to_string())
+                .env(
+                    "OUTBOX_SYNCHRONOUS_COMMIT",
+                    args.synchronous_commit.to_string(),
+                )
                 .env("OUTBOX_NATS_SUBJECT_PREFIX", PREFIX)
                 .env(
                     "OUTBOX_HTTP_LISTEN",

@@ -449,6 +449,7 @@ pub(crate) const ENV_VARS: &[(&str, &str)] = &[
     ("OUTBOX_POLL_INTERVAL", "relay.poll_interval"),
     ("OUTBOX_PUBLISH_TIMEOUT", "relay.publish_timeout"),
     ("OUTBOX_ORDERING", "relay.ordering"),
+    ("OUTBOX_SYNCHRONOUS_COMMIT", "relay.synchronous_commit"),
     ("OUTBOX_SHUTDOWN_TIMEOUT", "relay.shutdown_timeout"),
     ("OUTBOX_WAKEUP", "relay.wakeup"),
     ("OUTBOX_MAX_ATTEMPTS", "retry.max_attempts"),
@@ -505,6 +506,10 @@ pub(crate) fn apply_env(
             "OUTBOX_SHUTDOWN_TIMEOUT" => file.relay.shutdown_timeout = duration(&value)?,
             "OUTBOX_ORDERING" => {
                 file.relay.ordering =
+                    flag(&value).ok_or_else(|| bad("expected true or false".into()))?;
+            }
+            "OUTBOX_SYNCHRONOUS_COMMIT" => {
+                file.relay.synchronous_commit =
                     flag(&value).ok_or_else(|| bad("expected true or false".into()))?;
             }
             "OUTBOX_WAKEUP" => {
@@ -966,6 +971,27 @@ mod tests {
         let err =
             apply_env(&mut f, |n| (n == "OUTBOX_WORKERS").then(|| "many".into())).unwrap_err();
         assert!(err.contains("OUTBOX_WORKERS"), "{err}");
+    }
+
+    #[test]
+    fn synchronous_commit_from_the_environment() {
+        let mut f = parse_str(
+            "[relay]
+synchronous_commit = true
+",
+        )
+        .unwrap();
+        apply_env(&mut f, |n| {
+            (n == "OUTBOX_SYNCHRONOUS_COMMIT").then(|| "false".into())
+        })
+        .unwrap();
+        assert!(!f.relay.synchronous_commit);
+        let err = apply_env(&mut f, |n| {
+            (n == "OUTBOX_SYNCHRONOUS_COMMIT").then(|| "sometimes".into())
+        })
+        .unwrap_err();
+        assert!(err.contains("OUTBOX_SYNCHRONOUS_COMMIT"), "{err}");
+        assert!(!f.relay.synchronous_commit, "a bad value changes nothing");
     }
 
     #[test]

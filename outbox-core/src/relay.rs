@@ -593,20 +593,26 @@ impl<S: Store, P: Publisher> Relay<S, P> {
 
     /// Publish the claim in waves (module `waves`) within `publish_timeout`:
     /// one outcome per event, `None` for an event held back behind a failure of its
-    /// aggregate or not sent before the deadline.
+    /// aggregate or not sent before the deadline. A store without per-aggregate
+    /// ordering ([`Store::ordered`]) has its claim published in one call.
     async fn publish(&self, events: &[Event]) -> Vec<Option<Outcome>> {
         let timeout = self.config.publish_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
-        let waves = Waves::of(events);
-        if waves.len() <= 1 {
-            // One event per aggregate: the claim is a single wave, sent as it is.
+        let waves = self
+            .store
+            .ordered()
+            .then(|| Waves::of(events))
+            .filter(|waves| waves.len() > 1);
+        let Some(waves) = waves else {
+            // No order to keep, or one event per aggregate: the claim is a single
+            // wave, sent as it is.
             return self
                 .publish_wave(events, deadline, timeout)
                 .await
                 .into_iter()
                 .map(Some)
                 .collect();
-        }
+        };
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
         let mut failed_runs = vec![false; waves.runs()];
         for k in 0..waves.len() {

@@ -24,6 +24,16 @@ pub trait Store: Send + Sync {
     /// [`Decision::HeldBack`]).
     fn claim(&self, limit: usize) -> impl Future<Output = Result<Self::Claim, StoreError>> + Send;
 
+    /// Whether claims keep per-aggregate order (they return runs, see [`Store::claim`]).
+    /// The relay then publishes each run in order, one event after the broker
+    /// acknowledged the previous one, and holds back the rest of a run after a
+    /// failure. A store whose ordering is turned off answers `false`: its claims are
+    /// published in one call whatever their aggregates (a hot aggregate is not
+    /// limited to one broker round trip per event). Defaults to `true`.
+    fn ordered(&self) -> bool {
+        true
+    }
+
     /// Number of events waiting to be published (not dead-lettered), for the pending gauge.
     fn pending(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 

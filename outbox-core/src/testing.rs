@@ -153,6 +153,10 @@ fn lock(rows: &Mutex<Rows>) -> MutexGuard<'_, Rows> {
 impl Store for MemoryStore {
     type Claim = MemoryClaim;
 
+    fn ordered(&self) -> bool {
+        self.ordering
+    }
+
     async fn claim(&self, limit: usize) -> Result<MemoryClaim, StoreError> {
         let now = Utc::now();
         let mut rows = self.lock();

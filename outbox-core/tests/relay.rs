@@ -85,6 +85,33 @@ async fn run_loop_drains_without_poll_ticks() {
 }
 
 #[tokio::test]
+async fn a_hot_aggregate_goes_out_in_one_call_when_ordering_is_off() {
+    // Ordering on: one wave per event of the aggregate, each after the previous.
+    let ordered = MemoryStore::new();
+    for n in 0..5 {
+        ordered.enqueue(event("hot", n)).unwrap();
+    }
+    let relay = Relay::new(ordered.clone(), RecordingPublisher::new()).with_config(config(10));
+    assert_eq!(relay.run_once().await.unwrap().published, 5);
+    assert_eq!(relay.publisher().calls(), 5);
+
+    // Ordering off: nothing to keep in order, so the claim is one call, and a
+    // failure holds nothing back.
+    let unordered = MemoryStore::new().with_ordering(false);
+    let ids: Vec<_> = (0..5)
+        .map(|n| unordered.enqueue(event("hot", n)).unwrap())
+        .collect();
+    let publisher = RecordingPublisher::failing_once(ids[1], "broker busy");
+    let relay = Relay::new(unordered.clone(), publisher).with_config(config(10));
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(
+        (report.published, report.retried, report.held_back),
+        (4, 1, 0)
+    );
+    assert_eq!(relay.publisher().calls(), 1);
+}
+
+#[tokio::test]
 async fn failed_event_is_retried_and_does_not_hold_back_others() {
     let store = MemoryStore::new();
     let flaky = store.enqueue(event("a", 0)).unwrap();

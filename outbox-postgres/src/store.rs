@@ -603,6 +603,10 @@ impl Store for PgStore {
         Ok(self.claim_batch(limit).await?)
     }
 
+    fn ordered(&self) -> bool {
+        self.config.ordering
+    }
+
     async fn pending(&self) -> Result<u64, StoreError> {
         let row = sqlx::raw_sql(&self.sql().count_pending)
             .fetch_one(&self.pool)

@@ -138,6 +138,28 @@ impl Publisher for SlowPublisher {
 }
 
 #[tokio::test]
+async fn with_ordering_off_a_hot_aggregate_is_published_in_one_call() {
+    let db = TestOutbox::new().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(db.outbox.enqueue(&mut tx, &event("hot", n)).await.unwrap());
+    }
+    tx.commit().await.unwrap();
+
+    let store = db
+        .store()
+        .with_config(StoreConfig::default().ordering(false));
+    assert!(!store.ordered());
+    let relay = Relay::new(store, RecordingPublisher::new()).with_config(fast_config());
+    assert_eq!(relay.run_once().await.unwrap().published, 5);
+    assert_eq!(relay.publisher().calls(), 1, "one call for the whole claim");
+    assert_eq!(relay.publisher().published_ids(), ids);
+    assert!(db.store().ordered(), "ordering is on by default");
+    db.drop_schema().await.unwrap();
+}
+
+#[tokio::test]
 async fn shutdown_returns_promptly_and_loses_nothing() {
     let db = TestOutbox::new().await.unwrap();
     let ids = fill(&db, 500, 1).await;

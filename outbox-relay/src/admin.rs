@@ -372,7 +372,8 @@ pub(crate) enum DeadLettersCommand {
     List {
         #[command(flatten)]
         filter: FilterArgs,
-        /// Show at most this many.
+        /// Show at most this many per outbox (each outbox's list says how many it
+        /// has in all).
         #[arg(long, default_value_t = 100)]
         limit: u32,
         /// One JSON object per line.

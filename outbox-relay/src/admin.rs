@@ -571,8 +571,7 @@ async fn change(
         Change::Retry => ("retry", "retried (publishable again)"),
         Change::Purge => ("purge", "purged (deleted)"),
     };
-    let filter = args.filter.filter();
-    let filter = &filter;
+    let filter = &args.filter.filter();
     let n = admin
         .count(filter)
         .await

@@ -476,6 +476,7 @@ pub(crate) fn apply_env(
         let bad = |reason: String| format!("environment variable {name}=`{value}`: {reason}");
         let number = |v: &str| v.trim().parse::<u64>().map_err(|e| bad(e.to_string()));
         let duration = |v: &str| parse_duration(v).map(Dur).map_err(&bad);
+        let switch = |v: &str| flag(v).ok_or_else(|| bad("expected true or false".into()));
         match *name {
             "OUTBOX_DATABASE_URL" => file.database.url = Some(value.clone()),
             "OUTBOX_DATABASE_PASSWORD_FILE" => {
@@ -505,12 +506,10 @@ pub(crate) fn apply_env(
             "OUTBOX_PUBLISH_TIMEOUT" => file.relay.publish_timeout = duration(&value)?,
             "OUTBOX_SHUTDOWN_TIMEOUT" => file.relay.shutdown_timeout = duration(&value)?,
             "OUTBOX_ORDERING" => {
-                file.relay.ordering =
-                    flag(&value).ok_or_else(|| bad("expected true or false".into()))?;
+                file.relay.ordering = switch(&value)?;
             }
             "OUTBOX_SYNCHRONOUS_COMMIT" => {
-                file.relay.synchronous_commit =
-                    flag(&value).ok_or_else(|| bad("expected true or false".into()))?;
+                file.relay.synchronous_commit = switch(&value)?;
             }
             "OUTBOX_WAKEUP" => {
                 file.relay.wakeup = match value.trim() {
@@ -533,8 +532,7 @@ pub(crate) fn apply_env(
             envelope::VAR_CLOUDEVENTS_SOURCE => file.envelope.source = Some(value.clone()),
             envelope::VAR_CLOUDEVENTS_SUBJECT => file.envelope.subject = Some(value.clone()),
             "OUTBOX_WAL" => {
-                file.wal.enabled =
-                    flag(&value).ok_or_else(|| bad("expected true or false".into()))?;
+                file.wal.enabled = switch(&value)?;
             }
             "OUTBOX_WAL_SLOT" => file.wal.slot = Some(value.trim().to_string()),
             "OUTBOX_WAL_REPLICATION_URL" => file.wal.replication_url = Some(value.clone()),

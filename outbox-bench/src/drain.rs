@@ -148,6 +148,15 @@ pub(crate) async fn drain(url: &str, args: &DrainArgs) -> Result<Report> {
     })
 }
 
+/// The broker `drain-broker` publishes to.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Broker {
+    /// NATS JetStream (needs the `nats` feature).
+    Nats,
+    /// Kafka, e.g. tansu from `scripts/tansu.sh` (needs the `kafka` feature).
+    Kafka,
+}
+
 #[derive(Args, Debug)]
 pub(crate) struct BrokerArgs {
     #[command(flatten)]
@@ -155,56 +164,128 @@ pub(crate) struct BrokerArgs {
     /// Claim loops per relay (`RelayConfig::workers`) for the broker run.
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// The broker to drain into.
+    #[arg(long, value_enum, default_value_t = Broker::Nats)]
+    broker: Broker,
     /// NATS server.
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     nats_url: String,
+    /// Kafka bootstrap servers (`scripts/tansu.sh` starts tansu on 127.0.0.1:19092).
+    #[arg(long, default_value = "127.0.0.1:19092")]
+    kafka_brokers: String,
+    /// A librdkafka property of the Kafka producer, `key=value` (repeatable), laid
+    /// over the publisher's own settings, e.g. `linger.ms=5`.
+    #[arg(long = "kafka-set", value_parser = key_value)]
+    kafka_set: Vec<(String, String)>,
 }
 
-/// Drain into NATS JetStream against the null publisher.
-#[cfg(not(feature = "nats"))]
-pub(crate) async fn drain_broker(_url: &str, args: &BrokerArgs) -> Result<Report> {
-    let _ = (&args.options, args.workers, &args.nats_url);
-    Ok(Report {
-        line: "drain-broker: skipped: built without the `nats` feature \
-               (run with `--features nats`)"
-            .to_string(),
-        json: json!({ "scenario": "drain-broker", "skipped": "feature `nats` is off" }),
-    })
+fn key_value(text: &str) -> std::result::Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_string(), value.trim().to_string()))
+        }
+        _ => Err(format!("`{text}`: expected key=value")),
+    }
 }
 
-/// Drain into NATS JetStream against the null publisher.
-#[cfg(feature = "nats")]
+/// Drain into a broker against the null publisher.
 pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report> {
     let o = &args.options;
     let d = o.start(url, args.workers.max(1), Retention::Delete).await?;
     let (config, relays) = (&d.config, d.relays);
 
+    // The broker first: a binary built without its feature stops here.
+    d.bench.backlog(o.events, o.aggregates).await?;
+    let broker_config = config.clone().workers(args.workers.max(1));
+    let (broker, broker_rate) = match args.broker {
+        Broker::Nats => nats_rate(&d, args, &broker_config).await?,
+        Broker::Kafka => kafka_rate(&d, args, &broker_config).await?,
+    };
+
     d.bench.backlog(o.events, o.aggregates).await?;
     progress("relay draining into the null publisher");
     let null_rate = d.relay_rate(NullPublisher, config).await?;
 
-    let stream = "OUTBOX_BENCH";
-    let publisher = crate::db::fresh_stream(&args.nats_url, "outboxbench", stream).await?;
-    d.bench.backlog(o.events, o.aggregates).await?;
-    progress("relay draining into NATS JetStream");
-    let broker_config = config.clone().workers(args.workers.max(1));
-    let broker_rate = d.relay_rate(publisher.clone(), &broker_config).await?;
-    let _ = publisher.jetstream().delete_stream(stream).await;
-
     let ratio = broker_rate / null_rate;
+    let properties: Vec<String> = args
+        .kafka_set
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect();
+    let extra = if args.broker == Broker::Kafka && !properties.is_empty() {
+        format!(" kafka: {}", properties.join(","))
+    } else {
+        String::new()
+    };
     Ok(Report {
         line: format!(
-            "drain-broker: NATS JetStream {broker_rate:.0} events/s, null publisher \
-             {null_rate:.0} events/s, ratio {ratio:.2} [{} workers={}]",
+            "drain-broker: {broker} {broker_rate:.0} events/s, null publisher \
+             {null_rate:.0} events/s, ratio {ratio:.2} [{} workers={}{extra}]",
             o.describe(config),
             args.workers
         ),
         json: json!({
-            "scenario": "drain-broker", "broker": "nats-jetstream", "events": o.events,
+            "scenario": "drain-broker", "broker": broker, "events": o.events,
             "relays": relays, "workers": args.workers, "batch_size": config.batch_size,
+            "aggregates": o.aggregates, "ordering": !o.unordered,
+            "kafka_properties": properties,
             "broker_events_per_s": broker_rate, "null_events_per_s": null_rate, "ratio": ratio,
         }),
     })
+}
+
+/// Drain rate into a fresh NATS JetStream stream.
+#[cfg(feature = "nats")]
+async fn nats_rate(
+    d: &Drains,
+    args: &BrokerArgs,
+    config: &RelayConfig,
+) -> Result<(&'static str, f64)> {
+    let stream = "OUTBOX_BENCH";
+    let publisher = crate::db::fresh_stream(&args.nats_url, "outboxbench", stream).await?;
+    progress("relay draining into NATS JetStream");
+    let rate = d.relay_rate(publisher.clone(), config).await?;
+    let _ = publisher.jetstream().delete_stream(stream).await;
+    Ok(("NATS JetStream", rate))
+}
+
+#[cfg(not(feature = "nats"))]
+async fn nats_rate(
+    _d: &Drains,
+    _args: &BrokerArgs,
+    _config: &RelayConfig,
+) -> Result<(&'static str, f64)> {
+    Err("drain-broker --broker nats: built without the `nats` feature (build with `--features nats`)".into())
+}
+
+/// Drain rate into a new Kafka topic (8 partitions, keyed by aggregate id).
+#[cfg(feature = "kafka")]
+async fn kafka_rate(
+    d: &Drains,
+    args: &BrokerArgs,
+    config: &RelayConfig,
+) -> Result<(&'static str, f64)> {
+    let topic = format!("outbox-bench-{}", uuid::Uuid::now_v7());
+    let mut kafka = pgoutbox_kafka::KafkaConfig::new(&args.kafka_brokers).topic(&topic);
+    for (key, value) in &args.kafka_set {
+        kafka = kafka.set(key, value);
+    }
+    kafka
+        .ensure_topic(&topic, 8, Duration::from_secs(30))
+        .await?;
+    let publisher = kafka.build()?;
+    progress(format!("relay draining into Kafka topic {topic}"));
+    let rate = d.relay_rate(std::sync::Arc::new(publisher), config).await?;
+    Ok(("Kafka", rate))
+}
+
+#[cfg(not(feature = "kafka"))]
+async fn kafka_rate(
+    _d: &Drains,
+    _args: &BrokerArgs,
+    _config: &RelayConfig,
+) -> Result<(&'static str, f64)> {
+    Err("drain-broker --broker kafka: built without the `kafka` feature (build with `--features kafka`)".into())
 }
 
 #[derive(Args, Debug)]

@@ -255,7 +255,7 @@ async fn nats_rate(
     _args: &BrokerArgs,
     _config: &RelayConfig,
 ) -> Result<(&'static str, f64)> {
-    Err("drain-broker --broker nats: built without the `nats` feature (build with `--features nats`)".into())
+    Err(built_without("nats"))
 }
 
 /// Drain rate into a new Kafka topic (8 partitions, keyed by aggregate id).
@@ -285,7 +285,14 @@ async fn kafka_rate(
     _args: &BrokerArgs,
     _config: &RelayConfig,
 ) -> Result<(&'static str, f64)> {
-    Err("drain-broker --broker kafka: built without the `kafka` feature (build with `--features kafka`)".into())
+    Err(built_without("kafka"))
+}
+
+/// The error of `drain-broker --broker <name>` in a binary built without the
+/// broker's feature (named like the broker).
+#[cfg(any(not(feature = "nats"), not(feature = "kafka")))]
+fn built_without(name: &str) -> Box<dyn std::error::Error + Send + Sync> {
+    format!("drain-broker --broker {name}: built without the `{name}` feature (build with `--features {name}`)").into()
 }
 
 #[derive(Args, Debug)]

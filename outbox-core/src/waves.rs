@@ -8,6 +8,10 @@
 //! its run is held back: never sent, left pending without an attempt, so nothing
 //! overtakes it. Every publisher gets this rule from the relay; none implements it.
 
+use std::collections::HashMap;
+
+use rapidhash::fast::GlobalState;
+
 use crate::event::Event;
 
 /// The claim's events in wave order, and where each came from.
@@ -26,8 +30,12 @@ pub(crate) struct Waves {
 impl Waves {
     /// Group `events` (claim order) into runs by aggregate and runs into waves.
     pub(crate) fn of(events: &[Event]) -> Self {
-        let mut run_index: std::collections::HashMap<(&str, &str), usize> =
-            std::collections::HashMap::new();
+        // Not the standard SipHash: hashing the keys was most of this function's
+        // time (~900 instructions per event on a claim of 200 distinct aggregates).
+        // The keys come from the outbox table; the map never holds more than one
+        // claim's aggregates, and the seed is random per process.
+        let mut run_index: HashMap<(&str, &str), usize, GlobalState> =
+            HashMap::with_capacity_and_hasher(events.len(), GlobalState::default());
         let mut depth_of = Vec::with_capacity(events.len());
         let mut run_of = Vec::with_capacity(events.len());
         let mut run_len: Vec<usize> = Vec::new();

@@ -22,20 +22,18 @@ pub(crate) mod column {
     /// Ordered claim, step 1 (`claim_aggregates`).
     pub(crate) mod walked {
         use super::{Column, AFTER_EVENT};
-        pub(crate) const AVAILABLE_AT: Column = (AFTER_EVENT, "available_at");
-        pub(crate) const DUE: Column = (AFTER_EVENT + 1, "due");
-        pub(crate) const RN: Column = (AFTER_EVENT + 2, "rn");
-        pub(crate) const LOCKED: Column = (AFTER_EVENT + 3, "locked");
-        pub(crate) const HELD: Column = (AFTER_EVENT + 4, "held");
-        pub(crate) const CLEAN: Column = (AFTER_EVENT + 5, "clean");
+        pub(crate) const WAITS_UNTIL: Column = (AFTER_EVENT, "waits_until");
+        pub(crate) const RN: Column = (AFTER_EVENT + 1, "rn");
+        pub(crate) const LOCKED: Column = (AFTER_EVENT + 2, "locked");
+        pub(crate) const HELD: Column = (AFTER_EVENT + 3, "held");
+        pub(crate) const CLEAN: Column = (AFTER_EVENT + 4, "clean");
     }
 
     /// Ordered claim, step 2 (`claim_runs`).
     pub(crate) mod read_again {
         use super::{Column, AFTER_EVENT};
-        pub(crate) const AVAILABLE_AT: Column = (AFTER_EVENT, "available_at");
-        pub(crate) const DUE: Column = (AFTER_EVENT + 1, "due");
-        pub(crate) const DEAD: Column = (AFTER_EVENT + 2, "dead");
+        pub(crate) const WAITS_UNTIL: Column = (AFTER_EVENT, "waits_until");
+        pub(crate) const DEAD: Column = (AFTER_EVENT + 1, "dead");
     }
 
     /// Dead letters (`dead_list`).

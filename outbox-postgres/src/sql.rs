@@ -222,6 +222,14 @@ impl Sql {
             .map(|c| format!("e.{c}"))
             .collect::<Vec<_>>()
             .join(", ");
+        // When a row is not due: its `available_at`, else NULL. A claim's rows are
+        // almost always due, and a NULL costs the relay nothing to decode (a
+        // timestamp and a flag per row did: ~400 instructions per event).
+        let waits_until = |alias: &str| {
+            format!("CASE WHEN {alias}.available_at > now() THEN {alias}.available_at END AS waits_until")
+        };
+        let waits_until_r = waits_until("r");
+        let waits_until_e = waits_until("e");
         let holds = format!(
             "{}.{}",
             tables.schema().quoted(),
@@ -374,21 +382,21 @@ impl Sql {
             claim_aggregates: format!(
                 "(SELECT l.seq, r.id, l.aggregate_type, l.aggregate_id, r.event_type, \
                  r.payload, r.headers, r.destination, r.attempts, r.created_at, \
-                 r.available_at, r.due, l.rn, l.locked, false AS held, r.clean \
+                 r.waits_until, l.rn, l.locked, false AS held, r.clean \
                  FROM (SELECT w.*, row_number() OVER (ORDER BY w.seq) AS rn, {} AS locked \
                  FROM (SELECT e.seq, e.aggregate_type, e.aggregate_id, e.ctid AS row_ctid \
                  FROM {events} e \
                  WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.seq >= $4 AND {} \
                  ORDER BY e.seq LIMIT $2) w) l \
                  LEFT JOIN LATERAL (SELECT r.id, r.event_type, r.destination, r.attempts, \
-                 r.created_at, r.available_at, r.available_at <= now() AS due, \
+                 r.created_at, {waits_until_r}, \
                  r.payload::text AS payload, r.headers::text AS headers, \
                  r.xmax = 0 AS clean FROM {events} r WHERE r.ctid = l.row_ctid) r ON true \
                  WHERE l.locked OR l.rn = 1 LIMIT $1) \
                  UNION ALL \
                  (SELECT NULL::int8, NULL::uuid, x.aggregate_type, x.aggregate_id, NULL::text, \
                  NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \
-                 NULL::timestamptz, NULL::bool, NULL::int8, true, true, NULL::bool \
+                 NULL::timestamptz, NULL::int8, true, true, NULL::bool \
                  FROM (SELECT aggregate_type, aggregate_id FROM {holds} \
                  WHERE until <= now() ORDER BY until LIMIT $3) x WHERE {})",
                 lock("w"),
@@ -412,8 +420,8 @@ impl Sql {
             // stops at (Block) a dead letter.
             claim_runs: format!(
                 "SELECT r.* FROM unnest($1::text[], $2::text[]) AS k(aggregate_type, aggregate_id) \
-                 CROSS JOIN LATERAL (SELECT {run_columns}, e.available_at, \
-                 e.available_at <= now() AS due, e.dead_at IS NOT NULL AS dead FROM {events} e \
+                 CROSS JOIN LATERAL (SELECT {run_columns}, {waits_until_e}, \
+                 e.dead_at IS NOT NULL AS dead FROM {events} e \
                  WHERE e.aggregate_type = k.aggregate_type AND e.aggregate_id = k.aggregate_id \
                  AND e.processed_at IS NULL AND e.seq >= $3 AND e.seq <= $4 \
                  ORDER BY e.seq OFFSET 0) r \
@@ -421,8 +429,8 @@ impl Sql {
                  WHERE h.aggregate_type = k.aggregate_type AND h.aggregate_id = k.aggregate_id) \
                  UNION ALL \
                  SELECT r.* FROM unnest($5::text[], $6::text[]) AS k(aggregate_type, aggregate_id) \
-                 CROSS JOIN LATERAL (SELECT {run_columns}, e.available_at, \
-                 e.available_at <= now() AS due, e.dead_at IS NOT NULL AS dead \
+                 CROSS JOIN LATERAL (SELECT {run_columns}, {waits_until_e}, \
+                 e.dead_at IS NOT NULL AS dead \
                  FROM {events} e WHERE e.aggregate_type = k.aggregate_type \
                  AND e.aggregate_id = k.aggregate_id AND e.processed_at IS NULL \
                  ORDER BY e.seq LIMIT {RELEASED_RUN}) r"

@@ -328,13 +328,17 @@ impl PgStore {
             let clean: bool = row::get(row, walked::CLEAN)?;
             as_read &= locked && clean && rn == expected_rn;
             expected_rn = rn + 1;
-            let seq: i64 = row::get(row, column::SEQ)?;
-            window.from_seq = Some(window.from_seq.map_or(seq, |f| f.min(seq)));
             if !locked {
+                // The walk's first row, kept whatever its lock: where a re-read starts.
+                let seq: i64 = row::get(row, column::SEQ)?;
+                window.from_seq = Some(window.from_seq.map_or(seq, |f| f.min(seq)));
                 continue;
             }
+            let run_row = RunRow::walked(row)?;
+            let seq = run_row.event.seq;
+            window.from_seq = Some(window.from_seq.map_or(seq, |f| f.min(seq)));
             window.to_seq = Some(window.to_seq.map_or(seq, |t| t.max(seq)));
-            rows.push(RunRow::walked(row)?);
+            rows.push(run_row);
         }
         if as_read {
             window = LockedAggregates::default();
@@ -482,7 +486,10 @@ impl Runs {
     /// the first dead letter; with `Release`, dead letters are stepped over. An
     /// aggregate whose very first row stops it is held.
     fn cut(mut rows: Vec<RunRow>, after_dead_letter: AfterDeadLetter) -> Self {
-        if rows.iter().all(|row| row.due && !row.dead) {
+        if rows
+            .iter()
+            .all(|row| row.waits_until.is_none() && !row.dead)
+        {
             // Nothing stops a run (the usual claim): every row is taken, and the
             // sort by aggregate below would only cost time.
             return Self {
@@ -522,10 +529,9 @@ impl Runs {
                     AfterDeadLetter::Release => continue,
                     AfterDeadLetter::Block => Some(None),
                 }
-            } else if !row.due {
-                Some(Some(row.available_at))
             } else {
-                None
+                // Not due: stop, held until then.
+                row.waits_until.map(Some)
             };
             match stop {
                 Some(until) => {
@@ -548,8 +554,8 @@ impl Runs {
 /// One row of a run, from either step of the ordered claim.
 struct RunRow {
     event: Event,
-    available_at: DateTime<Utc>,
-    due: bool,
+    /// When the event becomes due; `None`: it is due.
+    waits_until: Option<DateTime<Utc>>,
     dead: bool,
 }
 
@@ -558,8 +564,7 @@ impl RunRow {
     fn walked(row: &PgRow) -> Result<Self> {
         Ok(Self {
             event: row::event(row)?,
-            available_at: row::get(row, walked::AVAILABLE_AT)?,
-            due: row::get(row, walked::DUE)?,
+            waits_until: row::get(row, walked::WAITS_UNTIL)?,
             dead: false,
         })
     }
@@ -568,8 +573,7 @@ impl RunRow {
     fn read_again(row: &PgRow) -> Result<Self> {
         Ok(Self {
             event: row::event(row)?,
-            available_at: row::get(row, read_again::AVAILABLE_AT)?,
-            due: row::get(row, read_again::DUE)?,
+            waits_until: row::get(row, read_again::WAITS_UNTIL)?,
             dead: row::get(row, read_again::DEAD)?,
         })
     }

@@ -190,6 +190,9 @@ fn key_value(text: &str) -> std::result::Result<(String, String), String> {
 
 /// Drain into a broker against the null publisher.
 pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report> {
+    if args.broker != Broker::Kafka && !args.kafka_set.is_empty() {
+        return Err("drain-broker: --kafka-set applies to --broker kafka only".into());
+    }
     let o = &args.options;
     let d = o.start(url, args.workers.max(1), Retention::Delete).await?;
     let (config, relays) = (&d.config, d.relays);
@@ -212,10 +215,10 @@ pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report>
         .iter()
         .map(|(key, value)| format!("{key}={value}"))
         .collect();
-    let extra = if args.broker == Broker::Kafka && !properties.is_empty() {
-        format!(" kafka: {}", properties.join(","))
-    } else {
+    let extra = if properties.is_empty() {
         String::new()
+    } else {
+        format!(" kafka: {}", properties.join(","))
     };
     Ok(Report {
         line: format!(
@@ -224,13 +227,19 @@ pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report>
             o.describe(config),
             args.workers
         ),
-        json: json!({
-            "scenario": "drain-broker", "broker": broker, "events": o.events,
-            "relays": relays, "workers": args.workers, "batch_size": config.batch_size,
-            "aggregates": o.aggregates, "ordering": !o.unordered,
-            "kafka_properties": properties,
-            "broker_events_per_s": broker_rate, "null_events_per_s": null_rate, "ratio": ratio,
-        }),
+        json: {
+            let mut json = json!({
+                "scenario": "drain-broker", "broker": broker, "events": o.events,
+                "relays": relays, "workers": args.workers, "batch_size": config.batch_size,
+                "aggregates": o.aggregates, "ordering": !o.unordered,
+                "broker_events_per_s": broker_rate, "null_events_per_s": null_rate,
+                "ratio": ratio,
+            });
+            if args.broker == Broker::Kafka {
+                json["kafka_properties"] = json!(properties);
+            }
+            json
+        },
     })
 }
 

@@ -267,7 +267,8 @@ async fn nats_rate(
     Err(built_without("nats"))
 }
 
-/// Drain rate into a new Kafka topic (8 partitions, keyed by aggregate id).
+/// Drain rate into a new Kafka topic (8 partitions, keyed by aggregate id), deleted
+/// after the drain.
 #[cfg(feature = "kafka")]
 async fn kafka_rate(
     d: &Drains,
@@ -282,10 +283,15 @@ async fn kafka_rate(
     kafka
         .ensure_topic(&topic, 8, Duration::from_secs(30))
         .await?;
-    let publisher = kafka.build()?;
+    let publisher = kafka.clone().build()?;
     progress(format!("relay draining into Kafka topic {topic}"));
-    let rate = d.relay_rate(std::sync::Arc::new(publisher), config).await?;
-    Ok(("Kafka", rate))
+    let rate = d.relay_rate(std::sync::Arc::new(publisher), config).await;
+    // The run's topic goes, whatever the drain did: runs against a shared cluster
+    // would otherwise leave one 8-partition topic each.
+    if let Err(e) = kafka.delete_topic(&topic, Duration::from_secs(30)).await {
+        progress(format!("{e}; delete it by hand"));
+    }
+    Ok(("Kafka", rate?))
 }
 
 #[cfg(not(feature = "kafka"))]

@@ -1,6 +1,7 @@
 //! Creating the topics the publisher writes to, for clusters that do not create
 //! topics on first use (`auto.create.topics.enable=false`, most managed Kafka, tansu).
 //! Without the topic, every event routed to it fails permanently and is dead-lettered.
+//! And deleting a topic, for tools that make one per run (the benchmark).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,5 +75,31 @@ impl KafkaConfig {
             }
             tokio::time::sleep(METADATA_POLL).await;
         }
+    }
+
+    /// Delete `topic`, waiting up to `timeout` for the cluster's answer. A topic
+    /// that does not exist is not an error. For tools that create a topic per run
+    /// (the benchmark's `drain-broker --broker kafka`); the publisher and the
+    /// `outbox` binary never delete topics.
+    pub async fn delete_topic(&self, topic: &str, timeout: Duration) -> Result<()> {
+        let failed = |reason: String| Error::TopicNotDeleted {
+            topic: topic.to_string(),
+            reason,
+        };
+        let admin: AdminClient<DefaultClientContext> = self.client_config()?.create()?;
+        let options = AdminOptions::new()
+            .operation_timeout(Some(timeout))
+            .request_timeout(Some(timeout));
+        let results = admin
+            .delete_topics(&[topic], &options)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+                Err((_, code)) => return Err(failed(code.to_string())),
+            }
+        }
+        Ok(())
     }
 }

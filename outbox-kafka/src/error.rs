@@ -52,6 +52,14 @@ pub enum Error {
         /// What the broker said, or what did not happen in time.
         reason: String,
     },
+    /// A topic could not be deleted.
+    #[error("kafka topic {topic}: cannot delete it: {reason}")]
+    TopicNotDeleted {
+        /// The topic.
+        topic: String,
+        /// What the broker said.
+        reason: String,
+    },
     /// A received message has an outbox header that cannot be read.
     #[error("kafka message header {name} is invalid: {reason}")]
     InvalidHeader {

@@ -238,3 +238,55 @@ async fn end_to_end(bootstrap: &str, topic: &str, reader: &StreamConsumer) {
     }
     db.drop_schema().await.expect("drop schema");
 }
+
+/// `ensure_topic` creates a topic with its partitions and `delete_topic` removes
+/// it, on tansu (a broker process, as a real cluster); deleting a topic that is
+/// not there is not an error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_made_by_ensure_topic_goes_with_delete_topic_on_tansu() {
+    let bootstrap = tansu_bootstrap();
+    let topic = unique("bench");
+    let config = KafkaConfig::new(&bootstrap).topic(&topic);
+    config
+        .ensure_topic(&topic, 3, Duration::from_secs(30))
+        .await
+        .expect("ensure_topic");
+    assert_eq!(listed_partitions(&bootstrap, &topic), Some(3));
+
+    config
+        .delete_topic(&topic, Duration::from_secs(30))
+        .await
+        .expect("delete_topic");
+    // The metadata the broker serves may lag its answer to the deletion.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while listed_partitions(&bootstrap, &topic).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "topic {topic} still listed 20 s after delete_topic"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    config
+        .delete_topic(&topic, Duration::from_secs(30))
+        .await
+        .expect("deleting a topic that is gone");
+}
+
+/// The partition count of `topic` in the cluster's list of every topic (asking for
+/// all topics, not this one, so that no broker creates it on the way).
+fn listed_partitions(bootstrap: &str, topic: &str) -> Option<usize> {
+    use pgoutbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+    use pgoutbox_kafka::rdkafka::ClientConfig;
+    let client: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("metadata client");
+    let metadata = client
+        .fetch_metadata(None, Duration::from_secs(10))
+        .expect("metadata of every topic");
+    metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+        .map(|t| t.partitions().len())
+}

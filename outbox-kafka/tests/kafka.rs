@@ -12,8 +12,9 @@ use common::{
 use pgoutbox_core::conformance::event;
 use pgoutbox_core::testing::{event_ids, interleaved_events};
 use pgoutbox_core::{Event, FailureKind, NewEvent, Outcome, Publisher, Relay, Store};
-use pgoutbox_kafka::rdkafka::consumer::StreamConsumer;
+use pgoutbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use pgoutbox_kafka::rdkafka::message::Message;
+use pgoutbox_kafka::rdkafka::ClientConfig;
 use pgoutbox_kafka::KafkaConfig;
 use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
 use uuid::Uuid;
@@ -247,11 +248,15 @@ async fn a_topic_made_by_ensure_topic_goes_with_delete_topic_on_tansu() {
     let bootstrap = tansu_bootstrap();
     let topic = unique("bench");
     let config = KafkaConfig::new(&bootstrap).topic(&topic);
+    let metadata: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .expect("metadata client");
     config
         .ensure_topic(&topic, 3, Duration::from_secs(30))
         .await
         .expect("ensure_topic");
-    assert_eq!(listed_partitions(&bootstrap, &topic), Some(3));
+    assert_eq!(listed_partitions(&metadata, &topic), Some(3));
 
     config
         .delete_topic(&topic, Duration::from_secs(30))
@@ -259,7 +264,7 @@ async fn a_topic_made_by_ensure_topic_goes_with_delete_topic_on_tansu() {
         .expect("delete_topic");
     // The metadata the broker serves may lag its answer to the deletion.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while listed_partitions(&bootstrap, &topic).is_some() {
+    while listed_partitions(&metadata, &topic).is_some() {
         assert!(
             Instant::now() < deadline,
             "topic {topic} still listed 20 s after delete_topic"
@@ -274,13 +279,7 @@ async fn a_topic_made_by_ensure_topic_goes_with_delete_topic_on_tansu() {
 
 /// The partition count of `topic` in the cluster's list of every topic (asking for
 /// all topics, not this one, so that no broker creates it on the way).
-fn listed_partitions(bootstrap: &str, topic: &str) -> Option<usize> {
-    use pgoutbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
-    use pgoutbox_kafka::rdkafka::ClientConfig;
-    let client: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("metadata client");
+fn listed_partitions(client: &BaseConsumer, topic: &str) -> Option<usize> {
     let metadata = client
         .fetch_metadata(None, Duration::from_secs(10))
         .expect("metadata of every topic");

@@ -479,8 +479,13 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// will be claimed again (and published again: at least once).
     pub async fn run_once(&self) -> Result<BatchReport, StoreError> {
         self.stats.claims.fetch_add(1, Ordering::Relaxed);
+        let claiming = Instant::now();
         let claim = match self.store.claim(self.config.batch_size).await {
-            Ok(claim) => claim,
+            Ok(claim) => {
+                metrics::histogram!(telemetry::CLAIM_DURATION, "outbox" => self.outbox.clone())
+                    .record(claiming.elapsed().as_secs_f64());
+                claim
+            }
             Err(error) => {
                 self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
                 return Err(error);

@@ -22,6 +22,11 @@ pub const EVENTS_PENDING: &str = "outbox_events_pending";
 /// Gauge: 1 while the broker takes messages, 0 during an outage (from the first
 /// broker-wide failure until a message goes through again).
 pub const BROKER_UP: &str = "outbox_broker_up";
+/// Histogram: seconds one claim took, from asking the store for a batch until it
+/// returned one (empty claims included). On PostgreSQL the claim is the relay's
+/// share of the database work; a claim that grows slow (a plan that scans the
+/// backlog, an index full of dead entries) shows here before the backlog does.
+pub const CLAIM_DURATION: &str = "outbox_claim_duration_seconds";
 /// Histogram: seconds to publish and record one batch.
 pub const BATCH_DURATION: &str = "outbox_batch_duration_seconds";
 /// Histogram: seconds from an event's creation to its broker acknowledgement.
@@ -44,6 +49,11 @@ pub fn describe() {
     describe_gauge!(
         BROKER_UP,
         "1 while the broker takes messages, 0 during an outage"
+    );
+    describe_histogram!(
+        CLAIM_DURATION,
+        Unit::Seconds,
+        "Time to claim one batch from the store"
     );
     describe_histogram!(
         BATCH_DURATION,

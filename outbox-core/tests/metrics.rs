@@ -8,7 +8,7 @@ use pgoutbox_core::testing::{MemoryStore, RecordingPublisher};
 use pgoutbox_core::{telemetry, NewEvent, PublishError, Relay};
 
 #[tokio::test(flavor = "current_thread")]
-async fn relay_reports_published_failed_dead_and_batch_duration() {
+async fn relay_reports_published_failed_dead_claim_and_batch_duration() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     // Thread-local recorder: the current-thread runtime runs the relay on this thread.
@@ -79,6 +79,10 @@ async fn relay_reports_published_failed_dead_and_batch_duration() {
         ),
         Some(&DebugValue::Counter(1))
     );
+    match value(MetricKind::Histogram, telemetry::CLAIM_DURATION, None) {
+        Some(DebugValue::Histogram(samples)) => assert_eq!(samples.len(), 1),
+        other => panic!("no claim duration histogram: {other:?}"),
+    }
     match value(MetricKind::Histogram, telemetry::BATCH_DURATION, None) {
         Some(DebugValue::Histogram(samples)) => assert_eq!(samples.len(), 1),
         other => panic!("no batch duration histogram: {other:?}"),

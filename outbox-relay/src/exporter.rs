@@ -20,6 +20,11 @@ pub(crate) const WAL_SLOT_LAG: &str = "outbox_wal_slot_lag_bytes";
 const BATCH_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
+/// Seconds per claim: a claim of a few hundred events takes about a millisecond;
+/// the upper buckets catch plans that scan the backlog.
+const CLAIM_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 /// Seconds from commit to broker ack: includes backlogs and retries.
 const LAG_BUCKETS: &[f64] = &[
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
@@ -34,6 +39,7 @@ pub(crate) const ALL: &[&str] = &[
     telemetry::EVENTS_HELD_BACK,
     telemetry::EVENTS_PENDING,
     telemetry::BROKER_UP,
+    telemetry::CLAIM_DURATION,
     telemetry::BATCH_DURATION,
     telemetry::PUBLISH_LAG,
     layer::PUBLISHER_EVENTS,
@@ -51,6 +57,11 @@ pub(crate) fn install(outboxes: &[String]) -> Result<PrometheusHandle, Failure> 
         Failure::runtime(format!("metrics exporter: {e}"))
     };
     let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(telemetry::CLAIM_DURATION.into()),
+            CLAIM_BUCKETS,
+        )
+        .map_err(failed)?
         .set_buckets_for_metric(
             Matcher::Full(telemetry::BATCH_DURATION.into()),
             BATCH_BUCKETS,

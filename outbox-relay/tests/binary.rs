@@ -139,14 +139,19 @@ async fn metrics_and_health_endpoints() {
     .await
     .expect("metrics never showed the drain");
     let outbox_label = format!("outbox=\"{}.outbox_events\"", outbox.tables.schema());
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("outbox_batch_duration_seconds_bucket{")
+    // Histograms with buckets (one of each's own), labelled with the outbox.
+    for (histogram, bucket) in [
+        ("outbox_batch_duration_seconds", "5"),
+        ("outbox_claim_duration_seconds", "0.0005"),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l
+                .starts_with(&format!("{histogram}_bucket{{"))
                 && l.contains(&outbox_label)
-                && l.contains("le=\"5\"")),
-        "batch duration must be a histogram with buckets, labelled with the outbox:\n{metrics}"
-    );
+                && l.contains(&format!("le=\"{bucket}\""))),
+            "{histogram} must be a histogram with a bucket le={bucket}, labelled {outbox_label}:\n{metrics}"
+        );
+    }
     for name in [
         "outbox_events_published_total",
         "outbox_events_pending",

@@ -99,7 +99,8 @@ fn hot_path(sql: &Sql) -> Vec<HotStatement<'_>> {
 }
 
 impl TestOutbox {
-    /// `EXPLAIN (FORMAT JSON)` of every statement on the relay's hot path (claims,
+    /// `EXPLAIN (VERBOSE, FORMAT JSON)` (each node's output expressions included) of
+    /// every statement on the relay's hot path (claims,
     /// records, holds, wake-up probes, pending count), each prepared and explained
     /// as a relay's transaction runs it (the store's planner settings applied) with
     /// `plan_cache_mode = force_generic_plan`: the plan a cached prepared statement
@@ -119,7 +120,7 @@ impl TestOutbox {
             };
             let explain = format!(
                 "{}; SET LOCAL plan_cache_mode = force_generic_plan; \
-                 EXPLAIN (FORMAT JSON) EXECUTE outbox_explain{args}",
+                 EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE outbox_explain{args}",
                 sql::BEGIN
             );
             let plan = sqlx::raw_sql(&explain).fetch_one(&mut *conn).await;

@@ -23,10 +23,9 @@ pub(crate) mod column {
     pub(crate) mod walked {
         use super::{Column, AFTER_EVENT};
         pub(crate) const WAITS_UNTIL: Column = (AFTER_EVENT, "waits_until");
-        pub(crate) const RN: Column = (AFTER_EVENT + 1, "rn");
-        pub(crate) const LOCKED: Column = (AFTER_EVENT + 2, "locked");
-        pub(crate) const HELD: Column = (AFTER_EVENT + 3, "held");
-        pub(crate) const CLEAN: Column = (AFTER_EVENT + 4, "clean");
+        pub(crate) const CLEAN: Column = (AFTER_EVENT + 1, "clean");
+        pub(crate) const HELD: Column = (AFTER_EVENT + 2, "held");
+        pub(crate) const SKIPPED_FROM: Column = (AFTER_EVENT + 3, "skipped_from");
     }
 
     /// Ordered claim, step 2 (`claim_runs`).

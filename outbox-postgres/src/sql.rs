@@ -6,6 +6,11 @@ use crate::tables::Tables;
 const EVENT_COLUMNS: &str = "seq, id, aggregate_type, aggregate_id, event_type, \
     payload::text AS payload, headers::text AS headers, destination, attempts, created_at";
 
+/// Transaction-local setting in which an ordered claim's walk records the `seq` of
+/// the first row whose aggregate lock failed (`Sql::claim_aggregates`). Set with
+/// `set_config(.., true)`: it ends with the claim's transaction (pooler-safe).
+const SKIPPED_FROM: &str = "pgoutbox.claim_skipped_from";
+
 /// Planner settings for every statement on the relay's hot path, scoped to its
 /// transaction (`SET LOCAL`: no session state, pooler-safe).
 ///
@@ -228,7 +233,7 @@ impl Sql {
         let waits_until = |alias: &str| {
             format!("CASE WHEN {alias}.available_at > now() THEN {alias}.available_at END AS waits_until")
         };
-        let waits_until_r = waits_until("r");
+        let waits_until_w = waits_until("w");
         let waits_until_e = waits_until("e");
         let holds = format!(
             "{}.{}",
@@ -356,50 +361,63 @@ impl Sql {
             ),
             // Ordered claim, step 1: walk the pending index in insertion order from
             // `seq` $4 (the walk start, see `walk_start.rs`), at most $2 rows,
-            // skipping held aggregates; try-lock
-            // each row's aggregate (re-entrant: every row of an aggregate this claim
-            // locked passes; rows of aggregates other relays hold fail) and keep the
-            // first $1 rows that pass, plus the walk's first row whatever its lock
-            // (`rn` = 1: where a re-read must start). Plus up to $3 expired holds,
-            // locked, as rows with `held` set and no event columns.
+            // skipping held aggregates; try-lock each row's aggregate (re-entrant:
+            // every row of an aggregate this claim locked passes; rows of aggregates
+            // other relays hold fail) and keep the first $1 rows that pass. Plus a
+            // row carrying the `seq` of the first row whose lock failed, if one did
+            // (`skipped_from`), and up to $3 expired holds, locked, as rows with
+            // `held` set and no event columns.
             //
             // The rows are read with the statement's snapshot, taken before the locks.
             // They are what step 2 would read again unless another transaction changed
             // a locked aggregate in between, and that leaves a trace here: a lock
             // that failed on some row (its holder may have committed before a later
-            // row of the same aggregate was locked: `rn` has a gap) or a row that
-            // someone deleted, updated or locked (`clean` false: the row's version,
-            // fetched again by its ctid *after* its lock was taken, has an xmax; a
-            // relay that held the aggregate and committed between our read and our
-            // lock shows up there, which an xmax read with the row would miss). The
-            // same fetch by ctid reads every column but the walk's keys: the rows the
-            // walk steps over (other relays' aggregates) cost no JSON formatting, and
-            // the window function stores narrow rows (its tuple store copies each row;
-            // with every column in it the statement took ~5% longer, `pgbench`).
-            // Without either, the rows are used as they are; with one, the store reads
-            // the locked aggregates again (step 2). Not-due rows are walked too, so a
-            // run never starts behind a head that waits.
+            // row of the same aggregate was locked: the walk records the first failed
+            // row in a transaction-local setting, read back by the last part of the
+            // statement, which runs after the walk) or a row that someone deleted,
+            // updated or locked (`clean` false: the row has an xmax). The xmax is
+            // read in the index scan itself, in the branch of the expression that
+            // took the lock, so after it: the scan's tuple is the row in the shared
+            // buffer (pinned, so it stays in place), where a relay that held the
+            // aggregate and committed between our read and our lock has set its
+            // xmax. `tests/plans.rs` checks that the plan evaluates the lock and the
+            // xmax in the scan node. Without either trace, the rows are used as they
+            // are; with one, the store reads the locked aggregates again (step 2).
+            // Not-due rows are walked too, so a run never starts behind a head that
+            // waits. Every column of a walked row is passed up by reference; only
+            // kept rows have their JSON formatted.
+            //
+            // An earlier form numbered the walked rows with a window function and
+            // fetched each kept row again by `ctid` for its xmax: the same traces,
+            // at about 0.9 us more per event (BENCHMARKS.md, issue 10).
             claim_aggregates: format!(
-                "(SELECT l.seq, r.id, l.aggregate_type, l.aggregate_id, r.event_type, \
-                 r.payload, r.headers, r.destination, r.attempts, r.created_at, \
-                 r.waits_until, l.rn, l.locked, false AS held, r.clean \
-                 FROM (SELECT w.*, row_number() OVER (ORDER BY w.seq) AS rn, {} AS locked \
-                 FROM (SELECT e.seq, e.aggregate_type, e.aggregate_id, e.ctid AS row_ctid \
+                "(SELECT w.seq, w.id, w.aggregate_type, w.aggregate_id, w.event_type, \
+                 w.payload::text AS payload, w.headers::text AS headers, w.destination, \
+                 w.attempts, w.created_at, {waits_until_w}, w.clean, false AS held, \
+                 NULL::int8 AS skipped_from \
+                 FROM (SELECT e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, \
+                 e.payload, e.headers, e.destination, e.attempts, e.created_at, e.available_at, \
+                 CASE WHEN {} THEN e.xmax = 0 \
+                 WHEN COALESCE(current_setting('{SKIPPED_FROM}', true), '') <> '' THEN NULL \
+                 WHEN set_config('{SKIPPED_FROM}', e.seq::text, true) IS NULL THEN NULL \
+                 END AS clean \
                  FROM {events} e \
                  WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.seq >= $4 AND {} \
-                 ORDER BY e.seq LIMIT $2) w) l \
-                 LEFT JOIN LATERAL (SELECT r.id, r.event_type, r.destination, r.attempts, \
-                 r.created_at, {waits_until_r}, \
-                 r.payload::text AS payload, r.headers::text AS headers, \
-                 r.xmax = 0 AS clean FROM {events} r WHERE r.ctid = l.row_ctid) r ON true \
-                 WHERE l.locked OR l.rn = 1 LIMIT $1) \
+                 ORDER BY e.seq LIMIT $2) w \
+                 WHERE w.clean IS NOT NULL LIMIT $1) \
+                 UNION ALL \
+                 (SELECT NULL::int8, NULL::uuid, NULL::text, NULL::text, NULL::text, \
+                 NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \
+                 NULL::timestamptz, NULL::bool, false, \
+                 NULLIF(current_setting('{SKIPPED_FROM}', true), '')::int8 \
+                 WHERE COALESCE(current_setting('{SKIPPED_FROM}', true), '') <> '') \
                  UNION ALL \
                  (SELECT NULL::int8, NULL::uuid, x.aggregate_type, x.aggregate_id, NULL::text, \
                  NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \
-                 NULL::timestamptz, NULL::int8, true, true, NULL::bool \
+                 NULL::timestamptz, NULL::bool, true, NULL::int8 \
                  FROM (SELECT aggregate_type, aggregate_id FROM {holds} \
                  WHERE until <= now() ORDER BY until LIMIT $3) x WHERE {})",
-                lock("w"),
+                lock("e"),
                 not_held("e"),
                 lock("x"),
             ),

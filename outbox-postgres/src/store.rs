@@ -311,10 +311,10 @@ impl PgStore {
         let mut window = LockedAggregates::default();
         let mut released = LockedAggregates::default();
         let mut rows = Vec::with_capacity(walked.len());
-        // Whether the walk's rows can be used as read: every row locked, none skipped
-        // for a lock another transaction held, none touched by another transaction.
+        // Whether the walk's rows can be used as read: none touched by another
+        // transaction, and (below) no lock failed before the last of them.
         let mut as_read = true;
-        let mut expected_rn = 1_i64;
+        let mut skipped_from = None;
         for row in &walked {
             if row::get::<bool>(row, walked::HELD)? {
                 released.push(
@@ -323,22 +323,25 @@ impl PgStore {
                 );
                 continue;
             }
-            let rn: i64 = row::get(row, walked::RN)?;
-            let locked: bool = row::get(row, walked::LOCKED)?;
-            let clean: bool = row::get(row, walked::CLEAN)?;
-            as_read &= locked && clean && rn == expected_rn;
-            expected_rn = rn + 1;
-            if !locked {
-                // The walk's first row, kept whatever its lock: where a re-read starts.
-                let seq: i64 = row::get(row, column::SEQ)?;
-                window.from_seq = Some(window.from_seq.map_or(seq, |f| f.min(seq)));
+            if let Some(skipped) = row::get::<Option<i64>>(row, walked::SKIPPED_FROM)? {
+                skipped_from = Some(skipped);
                 continue;
             }
+            as_read &= row::get::<bool>(row, walked::CLEAN)?;
             let run_row = RunRow::walked(row)?;
             let seq = run_row.event.seq;
             window.from_seq = Some(window.from_seq.map_or(seq, |f| f.min(seq)));
             window.to_seq = Some(window.to_seq.map_or(seq, |t| t.max(seq)));
             rows.push(run_row);
+        }
+        // A lock failed before a kept row: its holder may have committed in between
+        // and a later row of its aggregate been locked. A re-read starts at the first
+        // row whose lock failed.
+        if let (Some(skipped), Some(last)) = (skipped_from, window.to_seq) {
+            if skipped < last {
+                as_read = false;
+                window.from_seq = window.from_seq.map(|f| f.min(skipped));
+            }
         }
         if as_read {
             window = LockedAggregates::default();

@@ -373,16 +373,16 @@ impl Sql {
             // a locked aggregate in between, and that leaves a trace here: a lock
             // that failed on some row (its holder may have committed before a later
             // row of the same aggregate was locked: the walk records the first failed
-            // row in a transaction-local setting, read back by the last part of the
-            // statement, which runs after the walk) or a row that someone deleted,
-            // updated or locked (`clean` false: the row has an xmax). The xmax is
-            // read in the index scan itself, in the branch of the expression that
-            // took the lock, so after it: the scan's tuple is the row in the shared
-            // buffer (pinned, so it stays in place), where a relay that held the
-            // aggregate and committed between our read and our lock has set its
-            // xmax. `tests/plans.rs` checks that the plan evaluates the lock and the
-            // xmax in the scan node. Without either trace, the rows are used as they
-            // are; with one, the store reads the locked aggregates again (step 2).
+            // row in a transaction-local setting, read back by the statement's next
+            // `UNION ALL` part, which runs once the walk is done) or a row that
+            // someone deleted, updated or locked (`clean` false: the row has an
+            // xmax). The xmax is read in the index scan itself, in the branch of the
+            // expression that took the lock, so after it: the scan's tuple is the row
+            // in the shared buffer (pinned, so it stays in place), where a relay that
+            // held the aggregate and committed between our read and our lock has set
+            // its xmax. `tests/plans.rs` checks that the plan evaluates the lock and
+            // the xmax in the scan node. Without either trace, the rows are used as
+            // they are; with one, the store reads the locked aggregates again (step 2).
             // Not-due rows are walked too, so a run never starts behind a head that
             // waits. Every column of a walked row is passed up by reference; only
             // kept rows have their JSON formatted.

@@ -100,11 +100,11 @@ fn hot_path(sql: &Sql) -> Vec<HotStatement<'_>> {
 
 impl TestOutbox {
     /// `EXPLAIN (VERBOSE, FORMAT JSON)` (each node's output expressions included) of
-    /// every statement on the relay's hot path (claims,
-    /// records, holds, wake-up probes, pending count), each prepared and explained
-    /// as a relay's transaction runs it (the store's planner settings applied) with
-    /// `plan_cache_mode = force_generic_plan`: the plan a cached prepared statement
-    /// would use, whatever the table statistics say. Nothing is executed.
+    /// every statement on the relay's hot path (claims, records, holds, wake-up
+    /// probes, pending count), each prepared and explained as a relay's transaction
+    /// runs it (the store's planner settings applied) with `plan_cache_mode =
+    /// force_generic_plan`: the plan a cached prepared statement would use, whatever
+    /// the table statistics say. Nothing is executed.
     pub async fn explain_hot_path(&self) -> Result<Vec<(&'static str, serde_json::Value)>> {
         let sql = self.outbox.sql();
         let mut conn = self.pool.acquire().await?;

@@ -234,6 +234,9 @@ impl Sql {
             format!("CASE WHEN {alias}.available_at > now() THEN {alias}.available_at END AS waits_until")
         };
         let waits_until_w = waits_until("w");
+        // The ordered walk's record of its first failed lock; NULL until one fails
+        // (a setting set once in the session reads '' after its transaction).
+        let skipped_from = format!("NULLIF(current_setting('{SKIPPED_FROM}', true), '')");
         let waits_until_e = waits_until("e");
         let holds = format!(
             "{}.{}",
@@ -398,7 +401,7 @@ impl Sql {
                  FROM (SELECT e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, \
                  e.payload, e.headers, e.destination, e.attempts, e.created_at, e.available_at, \
                  CASE WHEN {} THEN e.xmax = 0 \
-                 WHEN COALESCE(current_setting('{SKIPPED_FROM}', true), '') <> '' THEN NULL \
+                 WHEN {skipped_from} IS NOT NULL THEN NULL \
                  WHEN set_config('{SKIPPED_FROM}', e.seq::text, true) IS NULL THEN NULL \
                  END AS clean \
                  FROM {events} e \
@@ -409,8 +412,7 @@ impl Sql {
                  (SELECT NULL::int8, NULL::uuid, NULL::text, NULL::text, NULL::text, \
                  NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \
                  NULL::timestamptz, NULL::bool, false, \
-                 NULLIF(current_setting('{SKIPPED_FROM}', true), '')::int8 \
-                 WHERE COALESCE(current_setting('{SKIPPED_FROM}', true), '') <> '') \
+                 {skipped_from}::int8 WHERE {skipped_from} IS NOT NULL) \
                  UNION ALL \
                  (SELECT NULL::int8, NULL::uuid, x.aggregate_type, x.aggregate_id, NULL::text, \
                  NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \

@@ -139,7 +139,7 @@ async fn metrics_and_health_endpoints() {
     .await
     .expect("metrics never showed the drain");
     let outbox_label = format!("outbox=\"{}.outbox_events\"", outbox.tables.schema());
-    // Histograms with buckets (one of each's own), labelled with the outbox.
+    // Histograms with buckets (each with a bucket of its own), labelled with the outbox.
     for (histogram, bucket) in [
         ("outbox_batch_duration_seconds", "5"),
         ("outbox_claim_duration_seconds", "0.0005"),

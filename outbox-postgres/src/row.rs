@@ -24,8 +24,9 @@ pub(crate) mod column {
         use super::{Column, AFTER_EVENT};
         pub(crate) const WAITS_UNTIL: Column = (AFTER_EVENT, "waits_until");
         pub(crate) const CLEAN: Column = (AFTER_EVENT + 1, "clean");
-        pub(crate) const HELD: Column = (AFTER_EVENT + 2, "held");
-        pub(crate) const SKIPPED_FROM: Column = (AFTER_EVENT + 3, "skipped_from");
+        pub(crate) const SKIPPED_BEFORE: Column = (AFTER_EVENT + 2, "skipped_before");
+        pub(crate) const HELD: Column = (AFTER_EVENT + 3, "held");
+        pub(crate) const SKIPPED_FROM: Column = (AFTER_EVENT + 4, "skipped_from");
     }
 
     /// Ordered claim, step 2 (`claim_runs`).

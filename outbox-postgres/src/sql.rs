@@ -372,20 +372,32 @@ impl Sql {
             // `held` set and no event columns.
             //
             // The rows are read with the statement's snapshot, taken before the locks.
-            // They are what step 2 would read again unless another transaction changed
-            // a locked aggregate in between, and that leaves a trace here: a lock
-            // that failed on some row (its holder may have committed before a later
-            // row of the same aggregate was locked: the walk records the first failed
-            // row in a transaction-local setting, read back by the statement's next
-            // `UNION ALL` part, which runs once the walk is done) or a row that
-            // someone deleted, updated or locked (`clean` false: the row has an
-            // xmax). The xmax is read in the index scan itself, in the branch of the
-            // expression that took the lock, so after it: the scan's tuple is the row
-            // in the shared buffer (pinned, so it stays in place), where a relay that
-            // held the aggregate and committed between our read and our lock has set
-            // its xmax. `tests/plans.rs` checks that the plan evaluates the lock and
-            // the xmax in the scan node. Without either trace, the rows are used as
-            // they are; with one, the store reads the locked aggregates again (step 2).
+            // For an aggregate, they are what a read after its lock would return
+            // unless another transaction changed it in between, and that leaves one
+            // of two traces, checked per aggregate:
+            // - a kept row someone deleted, updated or locked (`clean` false: the
+            //   row has an xmax). The xmax is read in the index scan itself, in the
+            //   branch of the expression that took the lock, so after it: the scan's
+            //   tuple is the row in the shared buffer (pinned, so it stays in place),
+            //   where a relay that held the aggregate and committed between our read
+            //   and our lock has set its xmax. `tests/plans.rs` checks that the plan
+            //   evaluates the lock and the xmax in the scan node.
+            // - a lock on the aggregate that failed on an earlier row: its holder let
+            //   go during the walk, and may have left the aggregate in any state
+            //   (a published run, a hold, rows it never took still pending before
+            //   ours). The walk records the `seq` of the first row whose lock failed
+            //   in a transaction-local setting; from then on, each kept row carries
+            //   `skipped_before`: whether its aggregate has a pending row between
+            //   that `seq` and the row (one probe of the aggregate index, in the same
+            //   snapshot). On an aggregate's first kept row that is exactly "a row of
+            //   this aggregate was walked and not kept": its lock failed (rows before
+            //   the first failure were all kept). The dead-letter filter is left out
+            //   so that only the aggregate index can serve the probe (a dead letter
+            //   there makes the store read the aggregate again: safe). The setting
+            //   is read back by the statement's next `UNION ALL` part, which runs
+            //   once the walk is done, for the re-read's start.
+            // Aggregates with a trace are read again by the store (step 2); the rows
+            // of all others are used as they are.
             // Not-due rows are walked too, so a run never starts behind a head that
             // waits. Every column of a walked row is passed up by reference; only
             // kept rows have their JSON formatted.
@@ -396,8 +408,11 @@ impl Sql {
             claim_aggregates: format!(
                 "(SELECT w.seq, w.id, w.aggregate_type, w.aggregate_id, w.event_type, \
                  w.payload::text AS payload, w.headers::text AS headers, w.destination, \
-                 w.attempts, w.created_at, {waits_until_w}, w.clean, false AS held, \
-                 NULL::int8 AS skipped_from \
+                 w.attempts, w.created_at, {waits_until_w}, w.clean, \
+                 CASE WHEN {skipped_from} IS NOT NULL THEN EXISTS (SELECT 1 FROM {events} f \
+                 WHERE f.aggregate_type = w.aggregate_type AND f.aggregate_id = w.aggregate_id \
+                 AND f.processed_at IS NULL AND f.seq >= {skipped_from}::int8 AND f.seq < w.seq) \
+                 END AS skipped_before, false AS held, NULL::int8 AS skipped_from \
                  FROM (SELECT e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, \
                  e.payload, e.headers, e.destination, e.attempts, e.created_at, e.available_at, \
                  CASE WHEN {} THEN e.xmax = 0 \
@@ -411,22 +426,22 @@ impl Sql {
                  UNION ALL \
                  (SELECT NULL::int8, NULL::uuid, NULL::text, NULL::text, NULL::text, \
                  NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \
-                 NULL::timestamptz, NULL::bool, false, \
+                 NULL::timestamptz, NULL::bool, NULL::bool, false, \
                  {skipped_from}::int8 WHERE {skipped_from} IS NOT NULL) \
                  UNION ALL \
                  (SELECT NULL::int8, NULL::uuid, x.aggregate_type, x.aggregate_id, NULL::text, \
                  NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \
-                 NULL::timestamptz, NULL::bool, true, NULL::int8 \
+                 NULL::timestamptz, NULL::bool, NULL::bool, true, NULL::int8 \
                  FROM (SELECT aggregate_type, aggregate_id FROM {holds} \
                  WHERE until <= now() ORDER BY until LIMIT $3) x WHERE {})",
                 lock("e"),
                 not_held("e"),
                 lock("x"),
             ),
-            // Step 2, when step 1 saw a trace of a change, or for expired holds: a new
-            // statement and so a snapshot taken after the locks:
-            // whatever another relay did to these aggregates before it let go is
-            // visible, its holds included. The locked aggregates' pending events
+            // Step 2, for the aggregates in which step 1 saw a trace of a change, and
+            // for expired holds: a new statement and so a snapshot taken after the
+            // locks: whatever another relay did to these aggregates before it let go
+            // is visible, its holds included. Those aggregates' pending events
             // between `from_seq` ($3) and the newest row step 1 kept ($4), one probe of
             // the aggregate index per aggregate: a fenced lateral subquery whose
             // filter leaves dead letters in (flagged; the store steps over them or

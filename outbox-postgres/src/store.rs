@@ -18,7 +18,7 @@
 //! settings only, no LISTEN), so they work through a transaction-pooling proxy; only
 //! the opt-in [`Wakeup::Notify`] needs a direct session for its listener.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -308,12 +308,8 @@ impl PgStore {
         if walked.is_empty() {
             return Ok(Vec::new());
         }
-        let mut window = LockedAggregates::default();
         let mut released = LockedAggregates::default();
-        let mut rows = Vec::with_capacity(walked.len());
-        // Whether the walk's rows can be used as read: none touched by another
-        // transaction, and (below) no lock failed before the last of them.
-        let mut as_read = true;
+        let mut kept = Vec::with_capacity(walked.len());
         let mut skipped_from = None;
         for row in &walked {
             if row::get::<bool>(row, walked::HELD)? {
@@ -327,30 +323,35 @@ impl PgStore {
                 skipped_from = Some(skipped);
                 continue;
             }
-            as_read &= row::get::<bool>(row, walked::CLEAN)?;
-            let run_row = RunRow::walked(row)?;
-            let seq = run_row.event.seq;
-            window.from_seq = Some(window.from_seq.map_or(seq, |f| f.min(seq)));
-            window.to_seq = Some(window.to_seq.map_or(seq, |t| t.max(seq)));
-            rows.push(run_row);
+            kept.push(KeptRow {
+                clean: row::get(row, walked::CLEAN)?,
+                skipped_before: row::get::<Option<bool>>(row, walked::SKIPPED_BEFORE)?
+                    == Some(true),
+                row: RunRow::walked(row)?,
+            });
         }
-        // A lock failed before a kept row: its holder may have committed in between
-        // and a later row of its aggregate been locked. A re-read starts at the first
-        // row whose lock failed.
-        if let (Some(skipped), Some(last)) = (skipped_from, window.to_seq) {
-            if skipped < last {
-                as_read = false;
-                window.from_seq = window.from_seq.map(|f| f.min(skipped));
+        let mut window = LockedAggregates::default();
+        let read_again: Vec<bool> = {
+            let stale = stale_aggregates(&kept);
+            if !stale.is_empty() {
+                // From the first row kept or the first failed lock, to the last row kept.
+                let seqs = || kept.iter().map(|k| k.row.event.seq);
+                window.from_seq = seqs().chain(skipped_from).min();
+                window.to_seq = seqs().max();
+                for (aggregate_type, aggregate_id) in &stale {
+                    window.push(aggregate_type.to_string(), aggregate_id.to_string());
+                }
             }
-        }
-        if as_read {
-            window = LockedAggregates::default();
-        } else {
-            // Read the locked aggregates again instead.
-            for row in rows.drain(..) {
-                window.push(row.event.aggregate_type, row.event.aggregate_id);
-            }
-        }
+            kept.iter()
+                .map(|k| stale.contains(&k.aggregate()))
+                .collect()
+        };
+        let mut rows: Vec<RunRow> = kept
+            .into_iter()
+            .zip(read_again)
+            .filter(|(_, again)| !again)
+            .map(|(k, _)| k.row)
+            .collect();
         if !window.types.is_empty() || !released.types.is_empty() {
             window.dedup();
             let again = sqlx::query(&self.sql().claim_runs)
@@ -463,6 +464,53 @@ impl LockedAggregates {
         self.types = types;
         self.ids = ids;
     }
+}
+
+/// A row the ordered walk kept, with the traces of what may have changed it.
+struct KeptRow {
+    row: RunRow,
+    /// No other transaction touched the row (no `xmax`).
+    clean: bool,
+    /// A row of the same aggregate lies between the walk's first failed lock and
+    /// this row (`skipped_before` of `sql::claim_aggregates`).
+    skipped_before: bool,
+}
+
+impl KeptRow {
+    fn aggregate(&self) -> (&str, &str) {
+        (&self.row.event.aggregate_type, &self.row.event.aggregate_id)
+    }
+}
+
+/// The aggregates whose rows, as the walk read them, may not be what their lock now
+/// protects, to be read again with a snapshot taken after the locks: a kept row
+/// another transaction touched, or an aggregate whose first kept row had a row of
+/// its own before it, after the walk's first failed lock. That row was not kept,
+/// so its lock failed: the aggregate's holder let go during the walk and may have
+/// left it in any state (a published run, a hold, an earlier row still pending).
+/// Every other aggregate was free for the whole walk: its rows are used as read.
+fn stale_aggregates(kept: &[KeptRow]) -> HashSet<(&str, &str)> {
+    // Per aggregate: its first kept row's `seq` and trace.
+    let mut first: HashMap<(&str, &str), (i64, bool)> = HashMap::new();
+    let mut stale = HashSet::new();
+    for k in kept {
+        let key = k.aggregate();
+        let seq = k.row.event.seq;
+        if !k.clean {
+            stale.insert(key);
+        }
+        let entry = first.entry(key).or_insert((seq, k.skipped_before));
+        if seq < entry.0 {
+            *entry = (seq, k.skipped_before);
+        }
+    }
+    stale.extend(
+        first
+            .into_iter()
+            .filter(|(_, (_, skipped_before))| *skipped_before)
+            .map(|(key, _)| key),
+    );
+    stale
 }
 
 /// Rows of the pending index an ordered claim walks per event it may take: room to
@@ -725,5 +773,70 @@ impl Claim for PgClaim {
             tx.rollback().await.map_err(Error::from)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgoutbox_core::conformance::event;
+
+    fn kept(aggregate: &str, seq: i64, clean: bool, skipped_before: bool) -> KeptRow {
+        KeptRow {
+            row: RunRow {
+                event: event("order", aggregate, "order.updated", seq),
+                waits_until: None,
+                dead: false,
+            },
+            clean,
+            skipped_before,
+        }
+    }
+
+    fn sorted<'a>(stale: HashSet<(&'a str, &'a str)>) -> Vec<&'a str> {
+        let mut ids: Vec<&str> = stale.into_iter().map(|(_, id)| id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn aggregates_without_a_trace_are_used_as_read() {
+        let rows = [
+            kept("a", 1, true, false),
+            kept("b", 2, true, false),
+            kept("a", 3, true, false),
+        ];
+        assert!(stale_aggregates(&rows).is_empty());
+    }
+
+    #[test]
+    fn a_row_someone_touched_makes_its_aggregate_stale() {
+        let rows = [
+            kept("a", 1, true, false),
+            kept("b", 2, true, false),
+            kept("a", 3, false, false),
+        ];
+        assert_eq!(sorted(stale_aggregates(&rows)), ["a"]);
+    }
+
+    #[test]
+    fn a_row_skipped_before_the_first_kept_row_makes_its_aggregate_stale() {
+        // `b` had a row whose lock failed before its first kept row; `a`'s later
+        // rows find `a`'s own earlier kept row, which says nothing.
+        let rows = [
+            kept("a", 1, true, false),
+            kept("b", 5, true, true),
+            kept("a", 6, true, true),
+            kept("b", 7, true, true),
+        ];
+        assert_eq!(sorted(stale_aggregates(&rows)), ["b"]);
+    }
+
+    #[test]
+    fn the_first_kept_row_is_the_lowest_seq_in_any_order() {
+        let rows = [kept("a", 9, true, true), kept("a", 4, true, false)];
+        assert!(stale_aggregates(&rows).is_empty());
+        let rows = [kept("a", 9, true, false), kept("a", 4, true, true)];
+        assert_eq!(sorted(stale_aggregates(&rows)), ["a"]);
     }
 }

@@ -338,6 +338,7 @@ impl PgStore {
                 let seqs = || kept.iter().map(|k| k.row.event.seq);
                 window.from_seq = seqs().chain(skipped_from).min();
                 window.to_seq = seqs().max();
+                // One entry per aggregate: `stale` is a set.
                 for (aggregate_type, aggregate_id) in &stale {
                     window.push(aggregate_type.to_string(), aggregate_id.to_string());
                 }
@@ -353,7 +354,6 @@ impl PgStore {
             .map(|(k, _)| k.row)
             .collect();
         if !window.types.is_empty() || !released.types.is_empty() {
-            window.dedup();
             let again = sqlx::query(&self.sql().claim_runs)
                 .bind(&window.types)
                 .bind(&window.ids)
@@ -451,18 +451,6 @@ impl LockedAggregates {
     fn push(&mut self, aggregate_type: String, aggregate_id: String) {
         self.types.push(aggregate_type);
         self.ids.push(aggregate_id);
-    }
-
-    /// One entry per aggregate (step 1 gives one per row).
-    fn dedup(&mut self) {
-        let mut seen = HashSet::new();
-        let (types, ids): (Vec<String>, Vec<String>) = std::mem::take(&mut self.types)
-            .into_iter()
-            .zip(std::mem::take(&mut self.ids))
-            .filter(|key| seen.insert(key.clone()))
-            .unzip();
-        self.types = types;
-        self.ids = ids;
     }
 }
 

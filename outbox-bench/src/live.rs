@@ -1,5 +1,8 @@
 //! Live traffic through the real `outbox` binary into NATS JetStream, starting from
 //! an emptied and analysed table (the state autovacuum leaves a drained queue in).
+//! With `--outage-secs`, the relays reach NATS through a TCP proxy that is cut for
+//! that long while the producers go on: what a long broker outage costs, from the
+//! backlog it leaves to how soon deliveries are back to normal.
 
 use std::path::PathBuf;
 #[cfg(feature = "nats")]
@@ -37,6 +40,44 @@ pub(crate) struct LiveArgs {
     /// NATS server.
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     nats_url: String,
+    /// A broker outage of this many seconds during the offered load (0: none): the
+    /// relays reach NATS through a TCP proxy that closes every connection and
+    /// refuses new ones meanwhile. Producers keep committing.
+    #[arg(long, default_value_t = 0)]
+    outage_secs: u64,
+    /// Seconds after the producers start at which the outage begins.
+    #[arg(long, default_value_t = 10)]
+    outage_after_secs: u64,
+}
+
+#[cfg(feature = "nats")]
+impl LiveArgs {
+    /// The outage, if one is asked for, checked against the load's duration.
+    fn outage(&self) -> Result<Option<Outage>> {
+        if self.outage_secs == 0 {
+            return Ok(None);
+        }
+        if self.outage_after_secs + self.outage_secs >= self.duration_secs {
+            return Err(format!(
+                "--outage-after-secs ({}) + --outage-secs ({}) must end before \
+                 --duration-secs ({}): the load must outlast the outage",
+                self.outage_after_secs, self.outage_secs, self.duration_secs
+            )
+            .into());
+        }
+        Ok(Some(Outage {
+            after: std::time::Duration::from_secs(self.outage_after_secs),
+            length: std::time::Duration::from_secs(self.outage_secs),
+        }))
+    }
+}
+
+/// When the broker goes away, counted from the producers' start, and for how long.
+#[cfg(feature = "nats")]
+#[derive(Debug, Clone, Copy)]
+struct Outage {
+    after: std::time::Duration,
+    length: std::time::Duration,
 }
 
 /// Live traffic into NATS through the binary.
@@ -58,13 +99,17 @@ pub(crate) async fn live(_url: &str, args: &LiveArgs) -> Result<Report> {
 #[cfg(feature = "nats")]
 pub(crate) async fn live(url: &str, args: &LiveArgs) -> Result<Report> {
     let binary = binary(args.binary.as_ref())?;
+    let outage = args.outage()?;
+    if outage.is_some() {
+        return outage_report(url, args, &binary, outage).await;
+    }
     let mut results = Vec::new();
     for &relays in &args.relays {
         crate::progress(format!(
             "{relays} relay process(es), {} events/s for {} s",
             args.rate, args.duration_secs
         ));
-        let result = nats::run(url, args, &binary, relays.max(1)).await?;
+        let result = nats::run(url, args, &binary, relays.max(1), None).await?;
         crate::progress(format!(
             "{relays} relay(s): p50 {:.2} p99 {:.2} max {:.1} ms, backlog after 1 s {}",
             result.p50, result.p99, result.max, result.backlog_after_1s
@@ -124,6 +169,111 @@ pub(crate) async fn live(url: &str, args: &LiveArgs) -> Result<Report> {
     })
 }
 
+/// Live traffic with a broker outage in the middle: how the relays come back.
+#[cfg(feature = "nats")]
+async fn outage_report(
+    url: &str,
+    args: &LiveArgs,
+    binary: &std::path::Path,
+    outage: Option<Outage>,
+) -> Result<Report> {
+    let mut results = Vec::new();
+    for &relays in &args.relays {
+        crate::progress(format!(
+            "{relays} relay process(es), {} events/s for {} s, broker cut for {} s after {} s",
+            args.rate, args.duration_secs, args.outage_secs, args.outage_after_secs
+        ));
+        let result = nats::run(url, args, binary, relays.max(1), outage).await?;
+        let Some(o) = &result.outage else {
+            return Err("the outage was not measured".into());
+        };
+        crate::progress(format!(
+            "{relays} relay(s): backlog peak {}, first delivery {} after the broker came \
+             back, caught up {} after, {} dead letters",
+            o.backlog_peak,
+            seconds(o.first_delivery_after),
+            seconds(o.caught_up_after),
+            o.dead_letters
+        ));
+        results.push((relays, result));
+    }
+    let met = results.iter().all(|(_, r)| {
+        r.lost == 0
+            && r.drained_after.is_some()
+            && r.outage.as_ref().is_some_and(|o| o.dead_letters == 0)
+    });
+    let parts: Vec<String> = results
+        .iter()
+        .filter_map(|(relays, r)| {
+            let o = r.outage.as_ref()?;
+            Some(format!(
+                "{relays} relay(s): backlog peak {} events; first delivery {} after the broker \
+                 came back, backlog under {} events {} after; latency of events committed \
+                 during the outage max {:.1} s; after catching up p50 {:.2} p99 {:.2} max {:.1} \
+                 ms; {} received of {} ({} duplicates, {} lost), {} dead letters, drained {} \
+                 after the producers stopped",
+                o.backlog_peak,
+                seconds(o.first_delivery_after),
+                o.caught_up_below,
+                seconds(o.caught_up_after),
+                o.during_max_ms / 1000.0,
+                o.after_p50,
+                o.after_p99,
+                o.after_max,
+                r.received,
+                r.produced,
+                r.duplicates,
+                r.lost,
+                o.dead_letters,
+                seconds(r.drained_after),
+            ))
+        })
+        .collect();
+    Ok(Report {
+        line: format!(
+            "live --outage-secs {}: `outbox relay` processes ({} worker(s) each) into NATS \
+             JetStream through a TCP proxy cut for {} s, {} s into {} s of {} events/s from \
+             an emptied and analysed table: {}; nothing lost, no dead letter, drained: {}",
+            args.outage_secs,
+            args.workers,
+            args.outage_secs,
+            args.outage_after_secs,
+            args.duration_secs,
+            args.rate,
+            parts.join("; "),
+            crate::verdict(met)
+        ),
+        json: json!({
+            "scenario": "live-outage", "rate": args.rate, "seconds": args.duration_secs,
+            "outage_secs": args.outage_secs, "outage_after_secs": args.outage_after_secs,
+            "workers": args.workers,
+            "runs": results.iter().map(|(relays, r)| {
+                let o = r.outage.as_ref();
+                json!({
+                    "relays": relays, "produced": r.produced, "received": r.received,
+                    "duplicates": r.duplicates, "lost": r.lost,
+                    "drained_after_s": r.drained_after.map(|d| d.as_secs_f64()),
+                    "backlog_peak": o.map(|o| o.backlog_peak),
+                    "first_delivery_after_s": o.and_then(|o| o.first_delivery_after).map(|d| d.as_secs_f64()),
+                    "caught_up_below": o.map(|o| o.caught_up_below),
+                    "caught_up_after_s": o.and_then(|o| o.caught_up_after).map(|d| d.as_secs_f64()),
+                    "during_max_ms": o.map(|o| o.during_max_ms),
+                    "after_p50_ms": o.map(|o| o.after_p50), "after_p99_ms": o.map(|o| o.after_p99),
+                    "after_max_ms": o.map(|o| o.after_max),
+                    "dead_letters": o.map(|o| o.dead_letters),
+                })
+            }).collect::<Vec<_>>(),
+            "target_met": met,
+        }),
+    })
+}
+
+/// A duration in seconds, or "never" (not within the wait).
+#[cfg(feature = "nats")]
+fn seconds(d: Option<Duration>) -> String {
+    d.map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()))
+}
+
 /// The `outbox` binary to run, or an error saying how to build it.
 #[cfg(feature = "nats")]
 fn binary(given: Option<&PathBuf>) -> Result<PathBuf> {
@@ -163,6 +313,29 @@ struct LiveResult {
     backlog_after_1s: i64,
     /// From the producers' stop to an empty backlog; `None`: not within 60 s.
     drained_after: Option<Duration>,
+    /// What the outage did, when there was one.
+    outage: Option<OutageResult>,
+}
+
+/// How the relays went through a broker outage.
+#[cfg(feature = "nats")]
+struct OutageResult {
+    /// Most events pending at any sample (every 50 ms).
+    backlog_peak: i64,
+    /// From the end of the outage to the first message delivered after it.
+    first_delivery_after: Option<Duration>,
+    /// The backlog under which the relays count as caught up: 10 ms of offered load.
+    caught_up_below: i64,
+    /// From the end of the outage to the first sample under `caught_up_below`.
+    caught_up_after: Option<Duration>,
+    /// Longest commit-to-delivery of the events committed during the outage.
+    during_max_ms: f64,
+    /// Commit-to-delivery of the events committed once caught up.
+    after_p50: f64,
+    after_p99: f64,
+    after_max: f64,
+    /// Dead letters at the end (an outage must make none).
+    dead_letters: i64,
 }
 
 #[cfg(feature = "nats")]
@@ -172,10 +345,15 @@ mod nats {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
+    use std::net::ToSocketAddrs;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use futures_util::StreamExt;
+    use pgoutbox_core::conformance::proxy::TcpProxy;
+    use sqlx::PgPool;
     use uuid::Uuid;
 
-    use super::{LiveArgs, LiveResult};
+    use super::{LiveArgs, LiveResult, Outage, OutageResult};
     use crate::db::{fresh_stream, produce_at_rate, Bench, SCHEMA};
     use crate::Result;
 
@@ -210,7 +388,13 @@ mod nats {
         }
     }
 
-    fn start(binary: &Path, url: &str, args: &LiveArgs, n: usize) -> Result<Relays> {
+    fn start(
+        binary: &Path,
+        url: &str,
+        nats_url: &str,
+        args: &LiveArgs,
+        n: usize,
+    ) -> Result<Relays> {
         let mut relays = Relays(Vec::new());
         for i in 0..n {
             let child = std::process::Command::new(binary)
@@ -218,7 +402,7 @@ mod nats {
                 .env("OUTBOX_DATABASE_URL", url)
                 .env("OUTBOX_SCHEMA", SCHEMA)
                 .env("OUTBOX_BROKER", "nats")
-                .env("OUTBOX_NATS_URL", &args.nats_url)
+                .env("OUTBOX_NATS_URL", nats_url)
                 .env("OUTBOX_WORKERS", args.workers.max(1).to_string())
                 .env(
                     "OUTBOX_SYNCHRONOUS_COMMIT",
@@ -265,12 +449,76 @@ mod nats {
         Ok(())
     }
 
-    async fn pending(bench: &Bench) -> Result<i64> {
+    async fn pending(pool: &PgPool) -> Result<i64> {
         Ok(sqlx::query_scalar(&format!(
             "SELECT count(*) FROM {SCHEMA}.outbox_events WHERE processed_at IS NULL AND dead_at IS NULL"
         ))
-        .fetch_one(&bench.pool)
+        .fetch_one(pool)
         .await?)
+    }
+
+    async fn dead_letters(pool: &PgPool) -> Result<i64> {
+        Ok(sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {SCHEMA}.outbox_events WHERE dead_at IS NOT NULL"
+        ))
+        .fetch_one(pool)
+        .await?)
+    }
+
+    /// The relays' way to NATS during an outage run: a TCP proxy, cut on schedule.
+    struct BrokerLink {
+        proxy: Arc<TcpProxy>,
+        outage: Outage,
+    }
+
+    impl BrokerLink {
+        fn start(nats_url: &str, outage: Outage) -> Result<Self> {
+            let address = nats_url
+                .trim_start_matches("nats://")
+                .to_socket_addrs()
+                .map_err(|e| format!("--nats-url {nats_url}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("--nats-url {nats_url}: no address"))?;
+            let proxy = TcpProxy::start(address).map_err(|e| format!("TCP proxy: {e}"))?;
+            Ok(Self {
+                proxy: Arc::new(proxy),
+                outage,
+            })
+        }
+
+        fn url(&self) -> String {
+            format!("nats://{}", self.proxy.addr())
+        }
+
+        /// Cut the link `after` from now for `length`; the cut's start and end.
+        fn schedule(&self) -> tokio::task::JoinHandle<(Instant, Instant)> {
+            let (proxy, outage) = (Arc::clone(&self.proxy), self.outage);
+            tokio::spawn(async move {
+                tokio::time::sleep(outage.after).await;
+                proxy.cut();
+                let cut = Instant::now();
+                tokio::time::sleep(outage.length).await;
+                proxy.restore();
+                (cut, Instant::now())
+            })
+        }
+    }
+
+    /// The backlog every 50 ms until `stop` is set.
+    fn sample_backlog(
+        pool: PgPool,
+        stop: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<Vec<(Instant, i64)>> {
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(n) = pending(&pool).await {
+                    samples.push((Instant::now(), n));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            samples
+        })
     }
 
     pub(super) async fn run(
@@ -278,6 +526,7 @@ mod nats {
         args: &LiveArgs,
         binary: &Path,
         n_relays: usize,
+        outage: Option<Outage>,
     ) -> Result<LiveResult> {
         let bench = Bench::fresh(url).await?;
         bench.analyze().await?;
@@ -313,16 +562,25 @@ mod nats {
             })
         };
 
-        let mut relays = start(binary, url, args, n_relays)?;
+        let link = outage
+            .map(|outage| BrokerLink::start(&args.nats_url, outage))
+            .transpose()?;
+        let relay_nats_url = link.as_ref().map_or(args.nats_url.clone(), BrokerLink::url);
+        let mut relays = start(binary, url, &relay_nats_url, args, n_relays)?;
         wait_ready(&mut relays).await?;
 
+        let stop_sampling = Arc::new(AtomicBool::new(false));
+        let sampler = link
+            .is_some()
+            .then(|| sample_backlog(bench.pool.clone(), Arc::clone(&stop_sampling)));
+        let cut = link.as_ref().map(BrokerLink::schedule);
         let total = args.rate * args.duration_secs;
         let committed = produce_at_rate(&bench.pool, &bench.outbox, args.rate, total).await?;
         let stopped = Instant::now();
         // Poll the backlog until it is gone (at most 60 s); note it at the 1 s mark.
         let mut backlog_after_1s = None;
         let drained_after = loop {
-            let left = pending(&bench).await?;
+            let left = pending(&bench.pool).await?;
             let elapsed = stopped.elapsed();
             if elapsed >= Duration::from_secs(1) && backlog_after_1s.is_none() {
                 backlog_after_1s = Some(left);
@@ -343,6 +601,16 @@ mod nats {
         {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        stop_sampling.store(true, Ordering::Relaxed);
+        let samples = match sampler {
+            Some(sampler) => sampler.await.map_err(|e| format!("backlog sampler: {e}"))?,
+            None => Vec::new(),
+        };
+        let cut = match cut {
+            Some(cut) => Some(cut.await.map_err(|e| format!("outage schedule: {e}"))?),
+            None => None,
+        };
+        let dead_letters = dead_letters(&bench.pool).await?;
         drop(relays);
         collector.abort();
         let _ = publisher.jetstream().delete_stream(STREAM).await;
@@ -355,28 +623,82 @@ mod nats {
                 duplicates += 1;
             }
         }
-        let mut millis: Vec<f64> = committed
+        // Commit-to-delivery of each delivered event, with its commit instant.
+        let latencies: Vec<(Instant, f64)> = committed
             .iter()
-            .filter_map(|(id, at)| first.get(id).map(|d| d.saturating_duration_since(*at)))
-            .map(|d| d.as_secs_f64() * 1000.0)
+            .filter_map(|(id, at)| {
+                first
+                    .get(id)
+                    .map(|d| (*at, d.saturating_duration_since(*at).as_secs_f64() * 1000.0))
+            })
             .collect();
-        let lost = committed.len() - millis.len();
-        millis.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            let i = ((millis.len() as f64 * q).ceil() as usize).clamp(1, millis.len().max(1)) - 1;
-            millis.get(i).copied().unwrap_or(f64::NAN)
-        };
+        let lost = committed.len() - latencies.len();
+        let all = Percentiles::of(latencies.iter().map(|(_, ms)| *ms));
+        let outage = cut.map(|(cut, restored)| {
+            let caught_up_below = i64::try_from((args.rate / 100).max(1)).unwrap_or(i64::MAX);
+            let caught_up_at = samples
+                .iter()
+                .find(|(at, n)| *at >= restored && *n < caught_up_below)
+                .map(|(at, _)| *at);
+            let after = Percentiles::of(
+                latencies
+                    .iter()
+                    .filter(|(at, _)| caught_up_at.is_some_and(|c| *at >= c))
+                    .map(|(_, ms)| *ms),
+            );
+            OutageResult {
+                backlog_peak: samples.iter().map(|(_, n)| *n).max().unwrap_or(0),
+                first_delivery_after: arrived
+                    .iter()
+                    .map(|(_, at)| *at)
+                    .filter(|at| *at >= restored)
+                    .min()
+                    .map(|at| at - restored),
+                caught_up_below,
+                caught_up_after: caught_up_at.map(|at| at - restored),
+                during_max_ms: latencies
+                    .iter()
+                    .filter(|(at, _)| *at >= cut && *at < restored)
+                    .map(|(_, ms)| *ms)
+                    .fold(0.0, f64::max),
+                after_p50: after.at(0.50),
+                after_p99: after.at(0.99),
+                after_max: after.max(),
+                dead_letters,
+            }
+        });
         Ok(LiveResult {
-            p50: at(0.50),
-            p90: at(0.90),
-            p99: at(0.99),
-            max: millis.last().copied().unwrap_or(f64::NAN),
+            p50: all.at(0.50),
+            p90: all.at(0.90),
+            p99: all.at(0.99),
+            max: all.max(),
             produced: committed.len(),
             received: first.len(),
             duplicates,
             lost,
             backlog_after_1s,
             drained_after,
+            outage,
         })
+    }
+
+    /// Sorted latencies, in milliseconds.
+    struct Percentiles(Vec<f64>);
+
+    impl Percentiles {
+        fn of(millis: impl Iterator<Item = f64>) -> Self {
+            let mut millis: Vec<f64> = millis.collect();
+            millis.sort_by(f64::total_cmp);
+            Self(millis)
+        }
+
+        fn at(&self, q: f64) -> f64 {
+            let i = ((self.0.len() as f64 * q).ceil() as usize).clamp(1, self.0.len().max(1)) - 1;
+            self.0.get(i).copied().unwrap_or(f64::NAN)
+        }
+
+        fn max(&self) -> f64 {
+            self.0.last().copied().unwrap_or(f64::NAN)
+        }
     }
 }

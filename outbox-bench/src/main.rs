@@ -91,6 +91,8 @@ enum Scenario {
     Backlog(shapes::BacklogArgs),
     /// Ordered drain with 4 relays against 1, per table-statistics state.
     Scaling(shapes::ScalingArgs),
+    /// Ordered drain while 20,000 other aggregates are held, against none held.
+    Held(shapes::HeldArgs),
     /// Live traffic through `outbox relay` processes into NATS JetStream, from an
     /// emptied and analysed table (needs the `nats` feature).
     Live(live::LiveArgs),
@@ -148,6 +150,7 @@ async fn run(cli: Cli) -> Result<()> {
         Scenario::Group(args) => group::group(url, &args).await?,
         Scenario::Backlog(args) => shapes::backlog_size(url, &args).await?,
         Scenario::Scaling(args) => shapes::scaling(url, &args).await?,
+        Scenario::Held(args) => shapes::held(url, &args).await?,
         Scenario::Live(args) => live::live(url, &args).await?,
         Scenario::RssChild(args) => return resources::rss_child(url, &args).await,
     };

@@ -3,8 +3,8 @@
 //! Every drain here uses the null publisher, so the figures are the store's.
 
 use clap::Args;
-use pgoutbox_core::{NullPublisher, RelayConfig};
-use pgoutbox_postgres::{Retention, StoreConfig};
+use pgoutbox_core::{Claim, NullPublisher, RelayConfig, Store};
+use pgoutbox_postgres::{PgStore, Retention, StoreConfig};
 use serde_json::json;
 
 use crate::db::{run_relays, Bench, Keys};
@@ -50,14 +50,24 @@ async fn backlog(url: &str, n: u64, keys: &Keys, stats: Stats) -> Result<Bench> 
     Ok(bench)
 }
 
-/// Drain the whole backlog with `relays` relays (null publisher); events per second.
-async fn drain_rate(bench: &Bench, n: u64, relays: usize, ordering: bool) -> Result<f64> {
-    let store = bench.store(relays as u32 + 1).await?.with_config(
+/// The store `relays` relays drain with: one connection each and one spare.
+async fn drain_store(bench: &Bench, relays: usize, ordering: bool) -> Result<PgStore> {
+    Ok(bench.store(relays as u32 + 1).await?.with_config(
         StoreConfig::default()
             .ordering(ordering)
             .retention(Retention::Delete),
-    );
-    let elapsed = run_relays(&store, NullPublisher, relays, &RelayConfig::default(), n).await?;
+    ))
+}
+
+/// Drain the whole backlog with `relays` relays (null publisher); events per second.
+async fn drain_rate(bench: &Bench, n: u64, relays: usize, ordering: bool) -> Result<f64> {
+    let store = drain_store(bench, relays, ordering).await?;
+    drain_with(&store, n, relays).await
+}
+
+/// Drain `n` events through `store`, then close its pool; events per second.
+async fn drain_with(store: &PgStore, n: u64, relays: usize) -> Result<f64> {
+    let elapsed = run_relays(store, NullPublisher, relays, &RelayConfig::default(), n).await?;
     store.pool().close().await;
     Ok(n as f64 / elapsed.as_secs_f64())
 }
@@ -295,6 +305,100 @@ pub(crate) async fn scaling(url: &str, args: &ScalingArgs) -> Result<Report> {
                 "relays_events_per_s": many, "ratio": many / one,
             })).collect::<Vec<_>>(),
             "worst_ratio": worst, "target_met": worst >= 0.8,
+        }),
+    })
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct HeldArgs {
+    /// Backlog size.
+    #[arg(long, default_value_t = 100_000)]
+    events: u64,
+    /// Aggregates the backlog's events belong to.
+    #[arg(long, default_value_t = 10_000)]
+    aggregates: u64,
+    /// Other aggregates held (a failed event each, retried an hour from now).
+    #[arg(long, default_value_t = 20_000)]
+    held: u64,
+    /// Rounds; each drains with and without the holds, the two in turn first, and
+    /// each figure is the best of its rounds.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+}
+
+/// Ordered drain of a backlog while many other aggregates are held, against the
+/// same drain with none held: what a long partial outage (a broker refusing some
+/// events for a while) costs the aggregates that are fine. Events and holds tables
+/// analysed while empty, as autovacuum leaves a drained queue, and the relay's
+/// statements planned before anything was held.
+pub(crate) async fn held(url: &str, args: &HeldArgs) -> Result<Report> {
+    let keys = Keys::Uniform(args.aggregates);
+    let n = args.events;
+    let rounds = args.rounds.max(1);
+    let (mut free, mut with_holds) = (0.0_f64, 0.0_f64);
+    for round in 0..rounds {
+        for none_held in [round % 2 == 0, round % 2 == 1] {
+            let bench = Bench::fresh(url).await?;
+            sqlx::raw_sql(&format!(
+                "ANALYZE {schema}.outbox_events; ANALYZE {schema}.outbox_events_holds",
+                schema = crate::db::SCHEMA
+            ))
+            .execute(&bench.pool)
+            .await?;
+            bench.fill_keys(n, &keys).await?;
+            // The relay started while nothing was held: each of its connections
+            // has planned the claim (a generic plan, cached) before the holds come.
+            let store = drain_store(&bench, 1, true).await?;
+            let mut claims = Vec::new();
+            for _ in 0..2 {
+                claims.push(store.claim(1).await?);
+            }
+            for claim in claims {
+                claim.release().await?;
+            }
+            if !none_held {
+                // Aggregates of another type: none of the backlog's.
+                sqlx::query(&format!(
+                    "INSERT INTO {}.outbox_events_holds (aggregate_type, aggregate_id, until) \
+                     SELECT 'held', 'held-' || i, now() + interval '1 hour' \
+                     FROM generate_series(1, $1) AS i",
+                    crate::db::SCHEMA
+                ))
+                .bind(i64::try_from(args.held).unwrap_or(i64::MAX))
+                .execute(&bench.pool)
+                .await?;
+            }
+            bench.checkpoint().await?;
+            let rate = drain_with(&store, n, 1).await?;
+            let holds = if none_held { 0 } else { args.held };
+            progress(format!(
+                "round {}, {holds} held: {rate:.0} events/s",
+                round + 1
+            ));
+            let best = if none_held {
+                &mut free
+            } else {
+                &mut with_holds
+            };
+            *best = best.max(rate);
+        }
+    }
+    let ratio = with_holds / free;
+    Ok(Report {
+        line: format!(
+            "held: ordered drain with {} other aggregates held {with_holds:.0} events/s vs \
+             none held {free:.0} events/s, best of {rounds} rounds, ratio {ratio:.2} \
+             (target >= 0.9: {}) [events={n} over {} aggregates, 1 relay, null publisher, \
+             events and holds analysed while empty]",
+            args.held,
+            verdict(ratio >= 0.9),
+            args.aggregates
+        ),
+        json: json!({
+            "scenario": "held", "events": n, "aggregates": args.aggregates,
+            "held": args.held, "rounds": rounds,
+            "held_events_per_s": with_holds, "none_held_events_per_s": free,
+            "ratio": ratio, "target_met": ratio >= 0.9,
         }),
     })
 }

@@ -9,7 +9,7 @@
 -- (where ordered claims start walking the pending index), or a hold that expired.
 -- Otherwise: any due event. The queries come from outbox-postgres `Sql` (the
 -- relay's plan test checks them); changing them takes a migration that replaces
--- this function.
+-- this function (as migration 5 does).
 CREATE FUNCTION {{probe_function}}(ordered boolean, walk_start bigint)
     RETURNS boolean
     LANGUAGE plpgsql STABLE

@@ -99,8 +99,7 @@ pub(crate) async fn live(_url: &str, args: &LiveArgs) -> Result<Report> {
 #[cfg(feature = "nats")]
 pub(crate) async fn live(url: &str, args: &LiveArgs) -> Result<Report> {
     let binary = binary(args.binary.as_ref())?;
-    let outage = args.outage()?;
-    if outage.is_some() {
+    if let Some(outage) = args.outage()? {
         return outage_report(url, args, &binary, outage).await;
     }
     let mut results = Vec::new();
@@ -175,7 +174,7 @@ async fn outage_report(
     url: &str,
     args: &LiveArgs,
     binary: &std::path::Path,
-    outage: Option<Outage>,
+    outage: Outage,
 ) -> Result<Report> {
     let mut results = Vec::new();
     for &relays in &args.relays {
@@ -183,15 +182,15 @@ async fn outage_report(
             "{relays} relay process(es), {} events/s for {} s, broker cut for {} s after {} s",
             args.rate, args.duration_secs, args.outage_secs, args.outage_after_secs
         ));
-        let result = nats::run(url, args, binary, relays.max(1), outage).await?;
+        let result = nats::run(url, args, binary, relays.max(1), Some(outage)).await?;
         let Some(o) = &result.outage else {
             return Err("the outage was not measured".into());
         };
         crate::progress(format!(
-            "{relays} relay(s): backlog peak {}, first delivery {} after the broker came \
-             back, caught up {} after, {} dead letters",
+            "{relays} relay(s): backlog peak {}, resumed {} after the broker came back, \
+             caught up {} after, {} dead letters",
             o.backlog_peak,
-            seconds(o.first_delivery_after),
+            seconds(o.resumed_after),
             seconds(o.caught_up_after),
             o.dead_letters
         ));
@@ -207,13 +206,13 @@ async fn outage_report(
         .filter_map(|(relays, r)| {
             let o = r.outage.as_ref()?;
             Some(format!(
-                "{relays} relay(s): backlog peak {} events; first delivery {} after the broker \
+                "{relays} relay(s): backlog peak {} events; resumed {} after the broker \
                  came back, backlog under {} events {} after; latency of events committed \
                  during the outage max {:.1} s; after catching up p50 {:.2} p99 {:.2} max {:.1} \
                  ms; {} received of {} ({} duplicates, {} lost), {} dead letters, drained {} \
                  after the producers stopped",
                 o.backlog_peak,
-                seconds(o.first_delivery_after),
+                seconds(o.resumed_after),
                 o.caught_up_below,
                 seconds(o.caught_up_after),
                 o.during_max_ms / 1000.0,
@@ -254,7 +253,7 @@ async fn outage_report(
                     "duplicates": r.duplicates, "lost": r.lost,
                     "drained_after_s": r.drained_after.map(|d| d.as_secs_f64()),
                     "backlog_peak": o.map(|o| o.backlog_peak),
-                    "first_delivery_after_s": o.and_then(|o| o.first_delivery_after).map(|d| d.as_secs_f64()),
+                    "resumed_after_s": o.and_then(|o| o.resumed_after).map(|d| d.as_secs_f64()),
                     "caught_up_below": o.map(|o| o.caught_up_below),
                     "caught_up_after_s": o.and_then(|o| o.caught_up_after).map(|d| d.as_secs_f64()),
                     "during_max_ms": o.map(|o| o.during_max_ms),
@@ -322,8 +321,11 @@ struct LiveResult {
 struct OutageResult {
     /// Most events pending at any sample (every 50 ms).
     backlog_peak: i64,
-    /// From the end of the outage to the first message delivered after it.
-    first_delivery_after: Option<Duration>,
+    /// From the end of the outage to the first delivery of an event committed during
+    /// it: when the relays published again. (Not the first delivery of all: the
+    /// NATS client sends what it buffered while disconnected as soon as it is
+    /// back, messages the relay had already given up on.)
+    resumed_after: Option<Duration>,
     /// The backlog under which the relays count as caught up: 10 ms of offered load.
     caught_up_below: i64,
     /// From the end of the outage to the first sample under `caught_up_below`.
@@ -648,12 +650,12 @@ mod nats {
             );
             OutageResult {
                 backlog_peak: samples.iter().map(|(_, n)| *n).max().unwrap_or(0),
-                first_delivery_after: arrived
+                resumed_after: committed
                     .iter()
-                    .map(|(_, at)| *at)
-                    .filter(|at| *at >= restored)
+                    .filter(|(_, at)| *at >= cut && *at < restored)
+                    .filter_map(|(id, _)| first.get(id))
                     .min()
-                    .map(|at| at - restored),
+                    .map(|at| at.saturating_duration_since(restored)),
                 caught_up_below,
                 caught_up_after: caught_up_at.map(|at| at - restored),
                 during_max_ms: latencies

@@ -41,6 +41,11 @@ const MIGRATIONS: &[Migration] = &[
         "probe_function",
         include_str!("../migrations/0004_probe_function.sql"),
     ),
+    Migration::new(
+        5,
+        "probe_function_holds_probe",
+        include_str!("../migrations/0005_probe_function_holds_probe.sql"),
+    ),
 ];
 
 /// The consumer inbox alone, for a service that consumes events and has no outbox

@@ -155,7 +155,7 @@ pub(crate) struct Sql {
     pub(crate) record_failures_block: String,
     /// Simple-protocol statements (plan guard included): run with `sqlx::raw_sql`.
     pub(crate) count_pending: String,
-    /// The wake-up probe: a call of the probe function (migration 4); bind:
+    /// The wake-up probe: a call of the probe function (migrations 4 and 5); bind:
     /// ordered, walk start.
     pub(crate) probe_due: String,
     /// The probe function, qualified (see [`Sql::probe_due_simple`]).

@@ -32,6 +32,16 @@ async fn drop_schema(pool: &PgPool, tables: &Tables) {
         .expect("drop schema");
 }
 
+/// The versions of the migrations not applied to `tables` yet.
+async fn unapplied_versions(pool: &PgPool, tables: &Tables) -> Vec<i32> {
+    unapplied_migrations(pool, tables)
+        .await
+        .expect("check")
+        .into_iter()
+        .map(|(version, _)| version)
+        .collect()
+}
+
 async fn table_exists(pool: &PgPool, schema: &str, table: &str) -> bool {
     sqlx::query_scalar("SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL")
         .bind(schema)
@@ -101,13 +111,8 @@ async fn an_upgrade_script_holds_only_the_later_migrations() {
         .execute(&pool)
         .await
         .expect("versions 1-2");
-    let missing: Vec<i32> = unapplied_migrations(&pool, &tables)
-        .await
-        .expect("check")
-        .into_iter()
-        .map(|(version, _)| version)
-        .collect();
-    assert_eq!(missing, vec![3, 4]);
+    let missing = unapplied_versions(&pool, &tables).await;
+    assert_eq!(missing, vec![3, 4, 5]);
     sqlx::raw_sql(&upgrade)
         .execute(&pool)
         .await
@@ -152,5 +157,46 @@ async fn the_inbox_alone_serves_a_consumer_and_survives_a_later_migrate() {
         "the inbox kept its record through the full migration"
     );
     tx.rollback().await.expect("rollback");
+    drop_schema(&pool, &tables).await;
+}
+
+/// A database whose probe function was created by migration 4 as first released
+/// (the holds check not fenced) gets the current one from migration 5: the wake-up
+/// probe of an existing deployment stops reading every hold.
+#[tokio::test]
+async fn migration_5_replaces_a_probe_function_that_reads_every_hold() {
+    let pool = pool().await;
+    let tables = fresh_tables();
+    let full = migration_script(&tables, 0);
+    let cut = full
+        .find("\n-- migration 5:")
+        .expect("migration 5 in the script");
+    // Versions 1-4 as the first release printed them: the holds check unfenced.
+    let fenced = " OFFSET 0))";
+    assert!(full[..cut].contains(fenced), "{}", &full[..cut]);
+    sqlx::raw_sql(&full[..cut].replace(fenced, "))"))
+        .execute(&pool)
+        .await
+        .expect("versions 1-4");
+    let source = "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+         WHERE n.nspname = $1 AND p.proname = $2";
+    let probe_source = || async {
+        sqlx::query_scalar::<_, String>(source)
+            .bind(tables.schema().as_str())
+            .bind(format!("{}_probe_due", tables.events()))
+            .fetch_one(&pool)
+            .await
+            .expect("the probe function")
+    };
+    assert!(!probe_source().await.contains("OFFSET 0"));
+    let missing = unapplied_versions(&pool, &tables).await;
+    assert_eq!(missing, vec![5]);
+
+    migrate(&pool, &tables).await.expect("migrate to 5");
+    assert!(
+        probe_source().await.contains(fenced),
+        "{}",
+        probe_source().await
+    );
     drop_schema(&pool, &tables).await;
 }

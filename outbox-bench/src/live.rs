@@ -343,12 +343,11 @@ struct OutageResult {
 #[cfg(feature = "nats")]
 mod nats {
     use std::collections::HashMap;
+    use std::net::ToSocketAddrs;
     use std::path::Path;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
-
-    use std::net::ToSocketAddrs;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     use futures_util::StreamExt;
     use pgoutbox_core::conformance::proxy::TcpProxy;

@@ -317,7 +317,8 @@ pub(crate) struct HeldArgs {
     /// Aggregates the backlog's events belong to.
     #[arg(long, default_value_t = 10_000)]
     aggregates: u64,
-    /// Other aggregates held (a failed event each, retried an hour from now).
+    /// Other aggregates held, each until an hour from now (a hold row, as a failed
+    /// event leaves; their events are not in the backlog).
     #[arg(long, default_value_t = 20_000)]
     held: u64,
     /// Rounds; each drains with and without the holds, the two in turn first, and

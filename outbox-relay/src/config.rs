@@ -448,6 +448,7 @@ pub(crate) const ENV_VARS: &[(&str, &str)] = &[
     ("OUTBOX_WORKERS", "relay.workers"),
     ("OUTBOX_POLL_INTERVAL", "relay.poll_interval"),
     ("OUTBOX_PUBLISH_TIMEOUT", "relay.publish_timeout"),
+    ("OUTBOX_BROKER_PROBE_MAX", "relay.broker_probe_max"),
     ("OUTBOX_ORDERING", "relay.ordering"),
     ("OUTBOX_SYNCHRONOUS_COMMIT", "relay.synchronous_commit"),
     ("OUTBOX_SHUTDOWN_TIMEOUT", "relay.shutdown_timeout"),
@@ -504,6 +505,7 @@ pub(crate) fn apply_env(
             }
             "OUTBOX_POLL_INTERVAL" => file.relay.poll_interval = duration(&value)?,
             "OUTBOX_PUBLISH_TIMEOUT" => file.relay.publish_timeout = duration(&value)?,
+            "OUTBOX_BROKER_PROBE_MAX" => file.relay.broker_probe_max = duration(&value)?,
             "OUTBOX_SHUTDOWN_TIMEOUT" => file.relay.shutdown_timeout = duration(&value)?,
             "OUTBOX_ORDERING" => {
                 file.relay.ordering = switch(&value)?;
@@ -969,6 +971,22 @@ mod tests {
         let err =
             apply_env(&mut f, |n| (n == "OUTBOX_WORKERS").then(|| "many".into())).unwrap_err();
         assert!(err.contains("OUTBOX_WORKERS"), "{err}");
+    }
+
+    #[test]
+    fn broker_probe_max_from_the_environment() {
+        let mut f = parse_str("[relay]\nbroker_probe_max = \"30s\"\n").unwrap();
+        assert_eq!(f.relay.broker_probe_max.0, Duration::from_secs(30));
+        apply_env(&mut f, |n| {
+            (n == "OUTBOX_BROKER_PROBE_MAX").then(|| "2s".into())
+        })
+        .unwrap();
+        assert_eq!(f.relay.broker_probe_max.0, Duration::from_secs(2));
+        let err = apply_env(&mut f, |n| {
+            (n == "OUTBOX_BROKER_PROBE_MAX").then(|| "soon".into())
+        })
+        .unwrap_err();
+        assert!(err.contains("OUTBOX_BROKER_PROBE_MAX"), "{err}");
     }
 
     #[test]

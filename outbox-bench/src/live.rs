@@ -66,8 +66,8 @@ impl LiveArgs {
             .into());
         }
         Ok(Some(Outage {
-            after: std::time::Duration::from_secs(self.outage_after_secs),
-            length: std::time::Duration::from_secs(self.outage_secs),
+            after: Duration::from_secs(self.outage_after_secs),
+            length: Duration::from_secs(self.outage_secs),
         }))
     }
 }
@@ -76,8 +76,8 @@ impl LiveArgs {
 #[cfg(feature = "nats")]
 #[derive(Debug, Clone, Copy)]
 struct Outage {
-    after: std::time::Duration,
-    length: std::time::Duration,
+    after: Duration,
+    length: Duration,
 }
 
 /// Live traffic into NATS through the binary.
@@ -133,11 +133,7 @@ pub(crate) async fn live(url: &str, args: &LiveArgs) -> Result<Report> {
                 r.duplicates,
                 r.lost,
                 r.backlog_after_1s,
-                r.drained_after
-                    .map_or("not within 60 s".to_string(), |d| format!(
-                        "{:.2} s",
-                        d.as_secs_f64()
-                    ))
+                seconds(r.drained_after, "not within 60 s"),
             )
         })
         .collect();
@@ -190,8 +186,8 @@ async fn outage_report(
             "{relays} relay(s): backlog peak {}, resumed {} after the broker came back, \
              caught up {} after, {} dead letters",
             o.backlog_peak,
-            seconds(o.resumed_after),
-            seconds(o.caught_up_after),
+            seconds(o.resumed_after, "never"),
+            seconds(o.caught_up_after, "never"),
             o.dead_letters
         ));
         results.push((relays, result));
@@ -212,9 +208,9 @@ async fn outage_report(
                  ms; {} received of {} ({} duplicates, {} lost), {} dead letters, drained {} \
                  after the producers stopped",
                 o.backlog_peak,
-                seconds(o.resumed_after),
+                seconds(o.resumed_after, "never"),
                 o.caught_up_below,
-                seconds(o.caught_up_after),
+                seconds(o.caught_up_after, "never"),
                 o.during_max_ms / 1000.0,
                 o.after_p50,
                 o.after_p99,
@@ -224,7 +220,7 @@ async fn outage_report(
                 r.duplicates,
                 r.lost,
                 o.dead_letters,
-                seconds(r.drained_after),
+                seconds(r.drained_after, "not within 60 s"),
             ))
         })
         .collect();
@@ -267,10 +263,12 @@ async fn outage_report(
     })
 }
 
-/// A duration in seconds, or "never" (not within the wait).
+/// A duration in seconds, or `otherwise` when there is none (not within the wait).
 #[cfg(feature = "nats")]
-fn seconds(d: Option<Duration>) -> String {
-    d.map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()))
+fn seconds(d: Option<Duration>, otherwise: &str) -> String {
+    d.map_or(otherwise.to_string(), |d| {
+        format!("{:.2} s", d.as_secs_f64())
+    })
 }
 
 /// The `outbox` binary to run, or an error saying how to build it.

@@ -452,12 +452,12 @@ impl Sql {
             // stops at them as for expired holds), so that only the aggregate index's
             // predicate holds and the pending index cannot serve it. A generic plan
             // without statistics otherwise scanned the whole seq range once per key:
-            // 20-50 ms a claim. Held aggregates are left out by one probe of the
-            // holds table per key (`OFFSET 0`: not an anti-join, whose plan may read
-            // every hold, see `not_held`). Then each expired hold's first events
-            // from its oldest, through the aggregate index. Not-due rows and dead letters come back flagged; the
-            // store ends each run before a not-due row and steps over (Release) or
-            // stops at (Block) a dead letter.
+            // 20-50 ms a claim. Held aggregates are left out by the walk's own check
+            // (`not_held`: one probe of the holds table per key). Then each expired
+            // hold's first events from its oldest, through the aggregate index.
+            // Not-due rows and dead letters come back flagged; the store ends each
+            // run before a not-due row and steps over (Release) or stops at (Block)
+            // a dead letter.
             claim_runs: format!(
                 "SELECT r.* FROM unnest($1::text[], $2::text[]) AS k(aggregate_type, aggregate_id) \
                  CROSS JOIN LATERAL (SELECT {run_columns}, {waits_until_e}, \
@@ -465,16 +465,15 @@ impl Sql {
                  WHERE e.aggregate_type = k.aggregate_type AND e.aggregate_id = k.aggregate_id \
                  AND e.processed_at IS NULL AND e.seq >= $3 AND e.seq <= $4 \
                  ORDER BY e.seq OFFSET 0) r \
-                 WHERE NOT EXISTS (SELECT 1 FROM {holds} h \
-                 WHERE h.aggregate_type = k.aggregate_type AND h.aggregate_id = k.aggregate_id \
-                 OFFSET 0) \
+                 WHERE {} \
                  UNION ALL \
                  SELECT r.* FROM unnest($5::text[], $6::text[]) AS k(aggregate_type, aggregate_id) \
                  CROSS JOIN LATERAL (SELECT {run_columns}, {waits_until_e}, \
                  e.dead_at IS NOT NULL AS dead \
                  FROM {events} e WHERE e.aggregate_type = k.aggregate_type \
                  AND e.aggregate_id = k.aggregate_id AND e.processed_at IS NULL \
-                 ORDER BY e.seq LIMIT {RELEASED_RUN}) r"
+                 ORDER BY e.seq LIMIT {RELEASED_RUN}) r",
+                not_held("k"),
             ),
             // What moves the walk start (`walk_start.rs`): the oldest pending event at
             // or after $1, held or not due included, as this statement's snapshot

@@ -88,8 +88,8 @@ fn unbounded_probes(plan: &Value, found: &mut Vec<String>) {
 /// Reads of the whole holds table: an index scan of it with no condition, other
 /// than the one-row look of an init plan ("is anything held at all"). A hashed
 /// subplan or a hash join builds its table from such a scan once per statement,
-/// so a claim would cost O(holds): cheap while few aggregates are held, 10-30 ms
-/// a claim with 20,000 held during a long partial outage.
+/// so a claim would cost O(holds): cheap while few aggregates are held, about
+/// 10 ms a claim with 20,000 held during a long partial outage.
 fn whole_holds_reads(plan: &Value, found: &mut Vec<String>) {
     for_each_node(plan, &mut |node| {
         let Some((kind, "outbox_events_holds")) = scan_of(node) else {

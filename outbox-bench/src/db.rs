@@ -340,7 +340,7 @@ pub(crate) async fn run_while<S: Store, P: Publisher, T>(
 /// Run `relays` relays until together they published `n` events; the elapsed time.
 /// A store error, or no end within a generous limit (60 s + 1 s per 2,000 events),
 /// fails the run instead of letting it hang.
-pub(crate) async fn run_relays<P: Publisher + Clone>(
+pub(crate) async fn run_relays<P: Publisher + Clone + 'static>(
     store: &PgStore,
     publisher: P,
     relays: usize,
@@ -378,7 +378,18 @@ pub(crate) async fn run_relays<P: Publisher + Clone>(
         }
     };
     let done = futures_util::FutureExt::shared(Box::pin(done));
-    futures_util::future::join_all(relays.iter().map(|r| r.run(done.clone()))).await;
+    // A task per relay, as relay processes are: each runs on whichever runtime
+    // thread is free, instead of all taking turns in one task.
+    let tasks: Vec<_> = relays
+        .into_iter()
+        .map(|relay| {
+            let done = done.clone();
+            tokio::spawn(async move { relay.run(done).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await?;
+    }
     let result = outcome.lock().ok().and_then(|mut o| o.take());
     match result {
         Some(Ok(elapsed)) => Ok(elapsed),
@@ -397,43 +408,47 @@ pub(crate) async fn run_sql_limit(
     batch: usize,
     n: u64,
 ) -> Result<Duration> {
-    let sql = store.claim_and_record_sql();
     let done = Arc::new(AtomicU64::new(0));
     let batch = i64::try_from(batch)?;
     let started = Instant::now();
-    let workers = (0..loops.max(1)).map(|_| {
-        let done = Arc::clone(&done);
-        async move {
-            let mut conn = PgConnection::connect(url).await?;
-            while done.load(Ordering::Relaxed) < n {
-                let mut tx = sqlx::Connection::begin_with(&mut conn, sql.begin).await?;
-                let ids: Vec<Uuid> = if sql.ordered {
-                    store
-                        .claim_ordered_on(&mut tx, batch)
-                        .await?
-                        .iter()
-                        .map(|e| e.id)
-                        .collect()
-                } else {
-                    sqlx::query(sql.claim_unordered)
-                        .bind(batch)
-                        .fetch_all(&mut *tx)
-                        .await?
-                        .iter()
-                        .map(|row| row.try_get::<Uuid, _>("id"))
-                        .collect::<Result<_, _>>()?
-                };
-                if !ids.is_empty() {
-                    sqlx::query(sql.record).bind(&ids).execute(&mut *tx).await?;
+    // A task per loop, like the relays in `run_relays`.
+    let workers: Vec<_> = (0..loops.max(1))
+        .map(|_| {
+            let done = Arc::clone(&done);
+            let (url, store) = (url.to_owned(), store.clone());
+            tokio::spawn(async move {
+                let sql = store.claim_and_record_sql();
+                let mut conn = PgConnection::connect(&url).await?;
+                while done.load(Ordering::Relaxed) < n {
+                    let mut tx = sqlx::Connection::begin_with(&mut conn, sql.begin).await?;
+                    let ids: Vec<Uuid> = if sql.ordered {
+                        store
+                            .claim_ordered_on(&mut tx, batch)
+                            .await?
+                            .iter()
+                            .map(|e| e.id)
+                            .collect()
+                    } else {
+                        sqlx::query(sql.claim_unordered)
+                            .bind(batch)
+                            .fetch_all(&mut *tx)
+                            .await?
+                            .iter()
+                            .map(|row| row.try_get::<Uuid, _>("id"))
+                            .collect::<Result<_, _>>()?
+                    };
+                    if !ids.is_empty() {
+                        sqlx::query(sql.record).bind(&ids).execute(&mut *tx).await?;
+                    }
+                    tx.commit().await?;
+                    done.fetch_add(ids.len() as u64, Ordering::Relaxed);
                 }
-                tx.commit().await?;
-                done.fetch_add(ids.len() as u64, Ordering::Relaxed);
-            }
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        }
-    });
-    for result in futures_util::future::join_all(workers).await {
-        result?;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await??;
     }
     Ok(started.elapsed())
 }

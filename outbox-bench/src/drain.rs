@@ -94,7 +94,7 @@ struct Drains {
 
 impl Drains {
     /// Events per second of the relays draining the backlog with `config`.
-    async fn relay_rate<P: Publisher + Clone>(
+    async fn relay_rate<P: Publisher + Clone + 'static>(
         &self,
         publisher: P,
         config: &RelayConfig,

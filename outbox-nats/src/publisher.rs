@@ -12,6 +12,7 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::response::Response;
 use async_nats::jetstream::{self, stream};
 use async_nats::{ConnectOptions, HeaderMap, HeaderName, HeaderValue};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use pgoutbox_core::envelope::Envelope;
 use pgoutbox_core::{redact_url, Event, Outcome, PublishError, Publisher};
 use tokio::sync::Semaphore;
@@ -20,6 +21,15 @@ use crate::config::NatsConfig;
 use crate::error::{Error, Result};
 use crate::headers;
 use crate::routing::SubjectRouting;
+
+/// How often a batch waiting for PubAcks looks whether the connection is lost.
+const CONNECTION_WATCH: Duration = Duration::from_millis(50);
+
+/// A PubAck awaited for at most the timeout.
+type AckResult = std::result::Result<
+    std::result::Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+    tokio::time::error::Elapsed,
+>;
 
 /// Default JetStream dedup window of streams made by [`NatsPublisher::stream_config`].
 pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
@@ -256,32 +266,71 @@ impl NatsPublisher {
                 Err(error) => outcomes[i] = Some(Outcome::Failed(error)),
             }
         }
+        self.await_acks(events, acks, outcomes).await;
+    }
+
+    /// Wait for the PubAcks of a chunk, each for at most the timeout, and stop
+    /// waiting for the rest as soon as the connection is seen lost: those acks
+    /// cannot come any more (they were for the old connection), so a network cut
+    /// fails the chunk within [`CONNECTION_WATCH`] instead of after the timeout,
+    /// and the relay starts probing for the broker at once. A message the server
+    /// stored before the cut is published again later and dropped by the stream's
+    /// duplicate window (`Nats-Msg-Id`).
+    async fn await_acks(
+        &self,
+        events: &[Event],
+        acks: Vec<(usize, jetstream::context::PublishAckFuture)>,
+        outcomes: &mut [Option<Outcome>],
+    ) {
         let timeout = self.inner.timeout;
-        let results = futures_util::future::join_all(acks.into_iter().map(|(i, ack)| async move {
-            (i, tokio::time::timeout(timeout, ack.into_future()).await)
-        }))
-        .await;
-        for (i, result) in results {
-            let event = &events[i];
-            let outcome = match result {
-                Ok(Ok(ack)) => {
-                    if ack.duplicate {
-                        self.inner.duplicates.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(event_id = %event.id, stream = %ack.stream, "duplicate PubAck: already stored");
+        let mut pending: FuturesUnordered<_> =
+            acks.into_iter()
+                .map(|(i, ack)| async move {
+                    (i, tokio::time::timeout(timeout, ack.into_future()).await)
+                })
+                .collect();
+        let mut watch = tokio::time::interval(CONNECTION_WATCH);
+        watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                next = pending.next() => match next {
+                    Some((i, result)) => outcomes[i] = Some(self.ack_outcome(&events[i], result, timeout)),
+                    None => return,
+                },
+                _ = watch.tick() => {
+                    if self.inner.client.connection_state() == State::Disconnected {
+                        break;
                     }
-                    Outcome::Published
                 }
-                Ok(Err(error)) => {
-                    let subject = self.inner.routing.subject(event).unwrap_or_default();
-                    Outcome::Failed(classify(&subject, &error))
+            }
+        }
+        let lost = format!("NATS: connection lost before the PubAck ({})", self.state());
+        for (event, outcome) in events.iter().zip(outcomes.iter_mut()) {
+            if outcome.is_none() {
+                tracing::debug!(event_id = %event.id, "{lost}");
+                *outcome = Some(Outcome::retryable(lost.clone()));
+            }
+        }
+    }
+
+    fn ack_outcome(&self, event: &Event, result: AckResult, timeout: Duration) -> Outcome {
+        match result {
+            Ok(Ok(ack)) => {
+                if ack.duplicate {
+                    self.inner.duplicates.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(event_id = %event.id, stream = %ack.stream, "duplicate PubAck: already stored");
                 }
-                Err(_) => Outcome::retryable(format!(
-                    "NATS: no PubAck for event {} within {timeout:?} ({})",
-                    event.id,
-                    self.state()
-                )),
-            };
-            outcomes[i] = Some(outcome);
+                Outcome::Published
+            }
+            Ok(Err(error)) => {
+                let subject = self.inner.routing.subject(event).unwrap_or_default();
+                Outcome::Failed(classify(&subject, &error))
+            }
+            Err(_) => Outcome::retryable(format!(
+                "NATS: no PubAck for event {} within {timeout:?} ({})",
+                event.id,
+                self.state()
+            )),
         }
     }
 }

@@ -270,12 +270,13 @@ impl NatsPublisher {
     }
 
     /// Wait for the PubAcks of a chunk, each for at most the timeout, and stop
-    /// waiting for the rest as soon as the connection is seen lost: those acks
-    /// cannot come any more (they were for the old connection), so a network cut
-    /// fails the chunk within [`CONNECTION_WATCH`] instead of after the timeout,
-    /// and the relay starts probing for the broker at once. A message the server
-    /// stored before the cut is published again later and dropped by the stream's
-    /// duplicate window (`Nats-Msg-Id`).
+    /// waiting for the rest as soon as the connection is seen lost: acks the
+    /// server sent on the lost connection never arrive, and a message still in
+    /// the client's buffer waits for a reconnect of unknown length. So a network
+    /// cut fails the chunk within [`CONNECTION_WATCH`] instead of after the
+    /// timeout, and the relay starts probing for the broker at once. A message
+    /// the server stored before the cut is published again later and dropped by
+    /// the stream's duplicate window (`Nats-Msg-Id`).
     async fn await_acks(
         &self,
         events: &[Event],

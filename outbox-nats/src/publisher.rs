@@ -306,11 +306,10 @@ impl NatsPublisher {
             }
         }
         let lost = format!("NATS: connection lost before the PubAck ({})", self.state());
-        for (event, outcome) in events.iter().zip(outcomes.iter_mut()) {
-            if outcome.is_none() {
-                tracing::debug!(event_id = %event.id, "{lost}");
-                *outcome = Some(Outcome::retryable(lost.clone()));
-            }
+        let unacknowledged = pending.len();
+        tracing::debug!(unacknowledged, "{lost}");
+        for outcome in outcomes.iter_mut().filter(|o| o.is_none()) {
+            *outcome = Some(Outcome::retryable(lost.clone()));
         }
     }
 

@@ -22,7 +22,7 @@ const FAIL_WITHIN: Duration = Duration::from_secs(20);
 async fn a_cut_connection_fails_the_batch_before_the_ack_timeout() {
     let target = NatsTarget::new().await;
     let publisher = target
-        .config(&format!("nats://{}", target.proxy.addr()))
+        .proxied_config()
         .timeout(ACK_TIMEOUT)
         .connect()
         .await

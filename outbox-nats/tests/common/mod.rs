@@ -68,6 +68,12 @@ impl NatsTarget {
         }
     }
 
+    /// Settings to publish into this target's stream through the proxy (which
+    /// `OutageTarget::cut` cuts).
+    pub fn proxied_config(&self) -> NatsConfig {
+        self.config(&format!("nats://{}", self.proxy.addr()))
+    }
+
     /// Settings to publish into this target's stream via `url`.
     pub fn config(&self, url: &str) -> NatsConfig {
         Self::config_for(&self.prefix, url).envelope(self.envelope.clone())
@@ -150,7 +156,7 @@ impl ConformanceTarget for NatsTarget {
 impl OutageTarget for NatsTarget {
     async fn outage_publisher(&self) -> Result<NatsPublisher, BoxError> {
         Ok(self
-            .config(&format!("nats://{}", self.proxy.addr()))
+            .proxied_config()
             .timeout(Duration::from_millis(700))
             .connect()
             .await?)

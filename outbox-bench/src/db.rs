@@ -348,7 +348,7 @@ pub(crate) async fn run_relays<P: Publisher + Clone + 'static>(
     n: u64,
 ) -> Result<Duration> {
     let relays: Vec<_> = (0..relays.max(1))
-        .map(|_| Relay::new(store.clone(), publisher.clone()).with_config(config.clone()))
+        .map(|_| Relay::new(store.another_relay(), publisher.clone()).with_config(config.clone()))
         .collect();
     let stats: Vec<_> = relays.iter().map(Relay::stats).collect();
     let limit = Duration::from_secs(60 + n / 2000);
@@ -415,7 +415,8 @@ pub(crate) async fn run_sql_limit(
     let workers: Vec<_> = (0..loops.max(1))
         .map(|_| {
             let done = Arc::clone(&done);
-            let (url, store) = (url.to_owned(), store.clone());
+            // A relay of its own, as the loop stands for one.
+            let (url, store) = (url.to_owned(), store.another_relay());
             tokio::spawn(async move {
                 let sql = store.claim_and_record_sql();
                 let mut conn = PgConnection::connect(&url).await?;

@@ -20,6 +20,7 @@ mod plans;
 mod pooler;
 mod row;
 mod shared_wakeup;
+mod shares;
 mod sql;
 mod stats;
 mod store;

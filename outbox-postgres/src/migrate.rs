@@ -46,6 +46,7 @@ const MIGRATIONS: &[Migration] = &[
         "probe_function_holds_probe",
         include_str!("../migrations/0005_probe_function_holds_probe.sql"),
     ),
+    Migration::new(6, "relays", include_str!("../migrations/0006_relays.sql")),
 ];
 
 /// The consumer inbox alone, for a service that consumes events and has no outbox

@@ -33,7 +33,7 @@ fn hot_path(sql: &Sql) -> Vec<HotStatement<'_>> {
         HotStatement {
             name: "claim_aggregates",
             sql: &sql.claim_aggregates,
-            args: "200, 1600, 12, 1",
+            args: "200, 1600, 12, 1, 1, 4",
         },
         HotStatement {
             name: "claim_runs",

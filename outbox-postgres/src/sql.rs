@@ -145,6 +145,11 @@ pub(crate) struct Sql {
     pub(crate) claim_unordered: String,
     pub(crate) claim_aggregates: String,
     pub(crate) claim_runs: String,
+    /// Shares of a backlog (`shares.rs`): record this relay as seen now; the other
+    /// relays seen within the given milliseconds.
+    pub(crate) share_renew: String,
+    /// Shares of a backlog: this relay stops taking a share.
+    pub(crate) share_leave: String,
     pub(crate) walk_front: String,
     pub(crate) hold: String,
     pub(crate) unhold: String,
@@ -243,15 +248,32 @@ impl Sql {
             tables.schema().quoted(),
             tables.derived(tables.events(), "holds")
         );
+        let relays = format!(
+            "{}.{}",
+            tables.schema().quoted(),
+            tables.derived(tables.events(), "relays")
+        );
         // Advisory-lock key of one aggregate of this outbox: the two-int4 form, in a
         // key space of its own (objsubid 2), class = hash of the table name, so that
         // outboxes do not share locks. Colliding aggregates share a lock: less
         // parallelism, never less order.
         let lock_class = format!("hashtext('{}.{}')", tables.schema(), tables.events());
+        let lock_key = |alias: &str| {
+            format!("hashtext({alias}.aggregate_type || ' ' || {alias}.aggregate_id)")
+        };
         let lock = |alias: &str| {
             format!(
-                "pg_try_advisory_xact_lock({lock_class}, \
-                 hashtext({alias}.aggregate_type || ' ' || {alias}.aggregate_id))"
+                "pg_try_advisory_xact_lock({lock_class}, {})",
+                lock_key(alias)
+            )
+        };
+        // Whether a row's aggregate is outside the claim's share ($5 of $6 shares,
+        // `shares.rs`); never when $5 is NULL. Shares split the lock keys, so all
+        // of an aggregate's rows are in one share.
+        let outside_share = |alias: &str| {
+            format!(
+                "$5::int4 IS NOT NULL AND ({} & 2147483647) % $6::int4 <> $5::int4",
+                lock_key(alias)
             )
         };
         // Most of the time nothing is held: one look at the holds table per statement
@@ -339,6 +361,8 @@ impl Sql {
                 ("holds", holds.clone()),
                 ("holds_pkey", tables.derived(tables.events(), "holds_pkey")),
                 ("holds_until_idx", tables.derived(tables.events(), "holds_until_idx")),
+                ("relays", relays.clone()),
+                ("relays_pkey", tables.derived(tables.events(), "relays_pkey")),
                 ("notify_channel", format!("'{notify_channel}'")),
                 ("probe_function", probe_function.clone()),
                 ("probe_due_ordered_query", probe_ordered("walk_start")),
@@ -370,7 +394,10 @@ impl Sql {
             // `seq` $4 (the walk start, see `walk_start.rs`), at most $2 rows,
             // skipping held aggregates; try-lock each row's aggregate (re-entrant:
             // every row of an aggregate this claim locked passes; rows of aggregates
-            // other relays hold fail) and keep the first $1 rows that pass. Plus a
+            // other relays hold fail) and keep the first $1 rows that pass. With a
+            // share ($5 of $6, `shares.rs`), rows of aggregates outside it are walked
+            // (they count towards $2, so an empty share costs a bounded walk) but
+            // neither locked nor kept: no failed lock, no probe. Plus a
             // row carrying the `seq` of the first row whose lock failed, if one did
             // (`skipped_from`), and up to $3 expired holds, locked, as rows with
             // `held` set and no event columns.
@@ -419,7 +446,8 @@ impl Sql {
                  END AS skipped_before, false AS held, NULL::int8 AS skipped_from \
                  FROM (SELECT e.seq, e.id, e.aggregate_type, e.aggregate_id, e.event_type, \
                  e.payload, e.headers, e.destination, e.attempts, e.created_at, e.available_at, \
-                 CASE WHEN {} THEN e.xmax = 0 \
+                 CASE WHEN {} THEN NULL \
+                 WHEN {} THEN e.xmax = 0 \
                  WHEN {skipped_from} IS NOT NULL THEN NULL \
                  WHEN set_config('{SKIPPED_FROM}', e.seq::text, true) IS NULL THEN NULL \
                  END AS clean \
@@ -438,6 +466,7 @@ impl Sql {
                  NULL::timestamptz, NULL::bool, NULL::bool, true, NULL::int8 \
                  FROM (SELECT aggregate_type, aggregate_id FROM {holds} \
                  WHERE until <= now() ORDER BY until LIMIT $3) x WHERE {})",
+                outside_share("e"),
                 lock("e"),
                 not_held("e"),
                 lock("x"),
@@ -475,6 +504,17 @@ impl Sql {
                  ORDER BY e.seq LIMIT {RELEASED_RUN}) r",
                 not_held("k"),
             ),
+            // Rows of relays not seen for a minute are deleted on the way (a relay
+            // that stops cleanly deletes its own).
+            share_renew: format!(
+                "WITH gone AS (DELETE FROM {relays} \
+                 WHERE seen_at < clock_timestamp() - interval '1 minute'), \
+                 seen AS (INSERT INTO {relays} (relay, seen_at) VALUES ($1, clock_timestamp()) \
+                 ON CONFLICT (relay) DO UPDATE SET seen_at = EXCLUDED.seen_at) \
+                 SELECT relay FROM {relays} \
+                 WHERE seen_at > clock_timestamp() - $2 * interval '1 millisecond' AND relay <> $1"
+            ),
+            share_leave: format!("DELETE FROM {relays} WHERE relay = $1"),
             // What moves the walk start (`walk_start.rs`): the oldest pending event at
             // or after $1, held or not due included, as this statement's snapshot
             // sees it; and every transaction running once that snapshot was taken

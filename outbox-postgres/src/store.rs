@@ -33,6 +33,7 @@ use crate::enqueue::Outbox;
 use crate::error::{Error, Result};
 use crate::pooler::caches_statements;
 use crate::row::{self, column, column::read_again, column::walked};
+use crate::shares::{self, Membership, Shares};
 use crate::sql::{self, AfterDeadLetter, Sql};
 use crate::tables::Tables;
 use crate::wakeup::{Probe, Waker, Wakeup};
@@ -132,6 +133,7 @@ pub struct PgStore {
     config: StoreConfig,
     waker: Arc<Waker>,
     walk_start: Arc<WalkStart>,
+    shares: Arc<Shares>,
 }
 
 impl PgStore {
@@ -148,6 +150,20 @@ impl PgStore {
             config: StoreConfig::default(),
             waker,
             walk_start: Arc::new(WalkStart::new(Instant::now())),
+            shares: Arc::new(Shares::new()),
+        }
+    }
+
+    /// The same store (pool, outbox, configuration, wake-up) for another relay in
+    /// this process: a relay of its own for the other relays, with its own share
+    /// of a backlog and its own walk start, as a relay in another process has.
+    /// A clone is the same relay (its workers share one share).
+    #[must_use]
+    pub fn another_relay(&self) -> Self {
+        Self {
+            walk_start: Arc::new(WalkStart::new(Instant::now())),
+            shares: Arc::new(Shares::new()),
+            ..self.clone()
         }
     }
 
@@ -244,6 +260,9 @@ impl PgStore {
     async fn claim_batch(&self, limit: usize) -> Result<PgClaim> {
         let limit = i64::try_from(limit)
             .map_err(|_| Error::InvalidConfig("batch size too large".into()))?;
+        if self.config.ordering {
+            self.keep_share().await;
+        }
         let mut tx = self.pool.begin_with(self.begin_statement()).await?;
         self.waker.claiming();
         let events = if self.config.ordering {
@@ -284,13 +303,78 @@ impl PgStore {
         conn: &mut PgConnection,
         limit: i64,
     ) -> Result<Vec<Event>> {
+        self.keep_share().await;
         self.claim_runs(conn, limit).await
+    }
+
+    /// Renew this relay's row in the relays table, or delete it, when due
+    /// (`shares.rs`). A failure costs only the share: it is logged and the claim
+    /// goes on without one.
+    async fn keep_share(&self) {
+        let Some(step) = self.shares.due(Instant::now()) else {
+            return;
+        };
+        match step {
+            Membership::Renew => {
+                let seen = sqlx::query(&self.sql().share_renew)
+                    .bind(self.shares.relay())
+                    .bind(shares::EXPIRY.as_secs_f64() * 1000.0)
+                    .persistent(self.outbox.persistent())
+                    .fetch_all(&self.pool)
+                    .await
+                    .and_then(|rows| {
+                        rows.iter()
+                            .map(|row| row.try_get::<Uuid, _>(0))
+                            .collect::<Result<Vec<_>, _>>()
+                    });
+                let outbox = self.outbox.tables().qualify(self.outbox.tables().events());
+                match seen {
+                    Ok(others) => {
+                        if let Some(share) = self.shares.renewed(&others, Instant::now()) {
+                            tracing::debug!(
+                                outbox,
+                                share = ?share.map(|s| (s.index, s.count)),
+                                "this relay's share of the backlog (index, relays)"
+                            );
+                        }
+                    }
+                    Err(error) => {
+                        if self.shares.renew_failed(Instant::now()) {
+                            tracing::warn!(
+                                outbox,
+                                error = %error,
+                                "could not record this relay in the relays table (migration 6); \
+                                 claiming the backlog without a share"
+                            );
+                        } else {
+                            tracing::debug!(outbox, error = %error, "relays table still failing");
+                        }
+                    }
+                }
+            }
+            Membership::Leave => {
+                let left = sqlx::query(&self.sql().share_leave)
+                    .bind(self.shares.relay())
+                    .persistent(self.outbox.persistent())
+                    .execute(&self.pool)
+                    .await;
+                if let Err(error) = left {
+                    // The row expires on its own.
+                    tracing::debug!(error = %error, "could not delete this relay's row");
+                }
+                self.shares.left();
+            }
+        }
     }
 
     /// The ordered claim: lock aggregates while reading their runs, and read them
     /// again if something may have changed them meanwhile (see `sql::claim_aggregates`).
     async fn claim_runs(&self, tx: &mut PgConnection, limit: i64) -> Result<Vec<Event>> {
-        let scan_window = limit.saturating_mul(SCAN_WINDOW);
+        let share = self.shares.current();
+        // A share's rows are about 1 in `count` of those walked.
+        let scan_window = limit
+            .saturating_mul(SCAN_WINDOW)
+            .saturating_mul(share.map_or(1, |s| i64::from(s.count)));
         let expired_holds = (limit / i64::from(sql::RELEASED_RUN)).max(1);
         let (from, observe) = self.walk_start.plan(Instant::now());
         if observe {
@@ -302,10 +386,13 @@ impl PgStore {
             .bind(expired_holds)
             // Read again: the observation may just have moved the start.
             .bind(self.walk_start.from())
+            .bind(share.map(|s| s.index))
+            .bind(share.map(|s| s.count))
             .persistent(self.outbox.persistent())
             .fetch_all(&mut *tx)
             .await?;
         if walked.is_empty() {
+            self.shares.claimed(false);
             return Ok(Vec::new());
         }
         let mut released = LockedAggregates::default();
@@ -406,6 +493,10 @@ impl PgStore {
         }
         let mut events = runs.events;
         events.sort_by_key(|e| e.seq);
+        // At least half full: a backlog goes on (failed and held rows make
+        // claims of a backlog come back a little short).
+        let claimed = i64::try_from(events.len()).unwrap_or(i64::MAX);
+        self.shares.claimed(claimed.saturating_mul(2) >= limit);
         Ok(events)
     }
 }
@@ -427,6 +518,14 @@ impl PgStore {
             completed: Instant::now(),
         });
         Ok(())
+    }
+
+    /// This relay's share of a backlog for its next ordered claim, as (index,
+    /// count); none while claims are not full or it is the only relay
+    /// (`shares.rs`). For tests and benchmarks; not a stable API.
+    #[doc(hidden)]
+    pub fn share(&self) -> Option<(i32, i32)> {
+        self.shares.current().map(|s| (s.index, s.count))
     }
 
     /// The `seq` ordered claims start walking the pending index at: below it, every

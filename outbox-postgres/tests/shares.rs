@@ -122,6 +122,33 @@ async fn a_relay_whose_share_ran_dry_claims_everything_again() {
     db.drop_schema().await.unwrap();
 }
 
+/// A relay that stops claiming (stopped, or died) keeps its row until it expires;
+/// then the relay left takes the whole backlog again, although its claims stay full.
+#[tokio::test]
+async fn the_share_of_a_relay_that_stopped_returns_once_its_row_expires() {
+    let db = TestOutbox::new().await.unwrap();
+    let ids = fill(&db, 40, 25).await;
+    let (a, b) = (db.store(), db.store());
+    until_both_share(&a, &b).await;
+    drop(a);
+    // b alone: full claims of its share until a's row is older than 2 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while b.share().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b still claims a share 30 s after a stopped"
+        );
+        let claim = b.claim(20).await.unwrap();
+        assert_eq!(claim.events().len(), 20);
+        claim.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let claim = b.claim(ids.len()).await.unwrap();
+    assert_eq!(shares_in(&db, &claim, 2).await, HashSet::from([0, 1]));
+    claim.release().await.unwrap();
+    db.drop_schema().await.unwrap();
+}
+
 /// Shares are a hint: on an outbox without the relays table (migration 6 not
 /// applied), full claims go on without a share.
 #[tokio::test]

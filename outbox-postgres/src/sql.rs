@@ -1,5 +1,7 @@
 //! Every SQL statement of this crate, rendered once per [`Tables`] from validated names.
 
+use uuid::Uuid;
+
 use crate::tables::Tables;
 
 /// Columns read into an `pgoutbox_core::Event`, in the order `row::event` decodes them.
@@ -145,11 +147,8 @@ pub(crate) struct Sql {
     pub(crate) claim_unordered: String,
     pub(crate) claim_aggregates: String,
     pub(crate) claim_runs: String,
-    /// Shares of a backlog (`shares.rs`): record this relay as seen now; the other
-    /// relays seen within the given milliseconds.
-    pub(crate) share_renew: String,
-    /// Shares of a backlog: this relay stops taking a share.
-    pub(crate) share_leave: String,
+    /// The relays table, qualified (see [`Sql::share_renew`]).
+    relays: String,
     pub(crate) walk_front: String,
     pub(crate) hold: String,
     pub(crate) unhold: String,
@@ -504,17 +503,7 @@ impl Sql {
                  ORDER BY e.seq LIMIT {RELEASED_RUN}) r",
                 not_held("k"),
             ),
-            // Rows of relays not seen for a minute are deleted on the way (a relay
-            // that stops cleanly deletes its own).
-            share_renew: format!(
-                "WITH gone AS (DELETE FROM {relays} \
-                 WHERE seen_at < clock_timestamp() - interval '1 minute'), \
-                 seen AS (INSERT INTO {relays} (relay, seen_at) VALUES ($1, clock_timestamp()) \
-                 ON CONFLICT (relay) DO UPDATE SET seen_at = EXCLUDED.seen_at) \
-                 SELECT relay FROM {relays} \
-                 WHERE seen_at > clock_timestamp() - $2 * interval '1 millisecond' AND relay <> $1"
-            ),
-            share_leave: format!("DELETE FROM {relays} WHERE relay = $1"),
+            relays: relays.clone(),
             // What moves the walk start (`walk_start.rs`): the oldest pending event at
             // or after $1, held or not due included, as this statement's snapshot
             // sees it; and every transaction running once that snapshot was taken
@@ -673,6 +662,30 @@ impl Sql {
     /// (the shared wake-up asks many outboxes' in one `SELECT`).
     pub(crate) fn probe_due_call(&self, ordered: bool, walk_start: i64) -> String {
         format!("{}({ordered}, {walk_start})", self.probe_function)
+    }
+
+    /// Shares of a backlog (`shares.rs`): record `relay` as seen now and return
+    /// the other relays seen within `expiry_ms`. Rows of relays not seen for a
+    /// minute are deleted on the way (a relay whose share ends deletes its own).
+    /// One simple query, arguments written in (a UUID and a number): pooler-safe
+    /// outside a transaction (see `pooler.rs`).
+    pub(crate) fn share_renew(&self, relay: Uuid, expiry_ms: u64) -> String {
+        let relays = &self.relays;
+        format!(
+            "WITH gone AS (DELETE FROM {relays} \
+             WHERE seen_at < clock_timestamp() - interval '1 minute'), \
+             seen AS (INSERT INTO {relays} (relay, seen_at) \
+             VALUES ('{relay}'::uuid, clock_timestamp()) \
+             ON CONFLICT (relay) DO UPDATE SET seen_at = EXCLUDED.seen_at) \
+             SELECT relay FROM {relays} \
+             WHERE seen_at > clock_timestamp() - {expiry_ms} * interval '1 millisecond' \
+             AND relay <> '{relay}'::uuid"
+        )
+    }
+
+    /// Shares of a backlog: `relay` stops taking a share. One simple query.
+    pub(crate) fn share_leave(&self, relay: Uuid) -> String {
+        format!("DELETE FROM {} WHERE relay = '{relay}'::uuid", self.relays)
     }
 
     /// The statement recording failed events for the chosen ordering.

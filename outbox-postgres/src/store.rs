@@ -316,10 +316,9 @@ impl PgStore {
         };
         match step {
             Membership::Renew => {
-                let seen = sqlx::query(&self.sql().share_renew)
-                    .bind(self.shares.relay())
-                    .bind(shares::EXPIRY.as_secs_f64() * 1000.0)
-                    .persistent(self.outbox.persistent())
+                let expiry_ms = u64::try_from(shares::EXPIRY.as_millis()).unwrap_or(u64::MAX);
+                let renew = self.sql().share_renew(self.shares.relay(), expiry_ms);
+                let seen = sqlx::raw_sql(&renew)
                     .fetch_all(&self.pool)
                     .await
                     .and_then(|rows| {
@@ -353,11 +352,8 @@ impl PgStore {
                 }
             }
             Membership::Leave => {
-                let left = sqlx::query(&self.sql().share_leave)
-                    .bind(self.shares.relay())
-                    .persistent(self.outbox.persistent())
-                    .execute(&self.pool)
-                    .await;
+                let leave = self.sql().share_leave(self.shares.relay());
+                let left = sqlx::raw_sql(&leave).execute(&self.pool).await;
                 if let Err(error) = left {
                     // The row expires on its own.
                     tracing::debug!(error = %error, "could not delete this relay's row");

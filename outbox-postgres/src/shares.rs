@@ -12,13 +12,14 @@
 //!
 //! A share is a hint, never a guarantee: per-aggregate order rests on the claim's
 //! locks alone, and every row of an aggregate is in the same share (the share is
-//! a function of the lock key). So relays that disagree for a moment on who is
-//! there (one joined or died since another looked) only walk into each other's
-//! locks again, as without shares. A relay whose share ran dry (a claim less than
-//! half full: the end of a backlog, live traffic, a hot aggregate in another
-//! relay's share) claims without a share again at once, so no event waits for the
-//! membership to settle unless every relay is busy with a full share; then the
-//! events of a relay that died wait until its row is older than [`EXPIRY`].
+//! a function of the lock key). Relays that disagree for a moment on who is there
+//! (one joined or died since another looked) may both take some aggregates' rows
+//! (they meet each other's locks, as without shares) and leave others to nobody
+//! until the next renewal ([`RENEW`]). A relay whose share ran dry (a claim less
+//! than half full: the end of a backlog, live traffic, a hot aggregate in another
+//! relay's share) claims without a share again at once, so events wait for the
+//! membership to settle only while every relay is busy with a full share: those
+//! of a relay that died until its row is older than [`EXPIRY`].
 //!
 //! Membership is a row per relay in the outbox's relays table (migration 6),
 //! written outside the claim's transaction: no session state (pooler-safe), and

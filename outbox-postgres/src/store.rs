@@ -314,6 +314,7 @@ impl PgStore {
         let Some(step) = self.shares.due(Instant::now()) else {
             return;
         };
+        let outbox = self.outbox.tables().qualify(self.outbox.tables().events());
         match step {
             Membership::Renew => {
                 let expiry_ms = u64::try_from(shares::EXPIRY.as_millis()).unwrap_or(u64::MAX);
@@ -326,7 +327,6 @@ impl PgStore {
                             .map(|row| row.try_get::<Uuid, _>(0))
                             .collect::<Result<Vec<_>, _>>()
                     });
-                let outbox = self.outbox.tables().qualify(self.outbox.tables().events());
                 match seen {
                     Ok(others) => {
                         if let Some(share) = self.shares.renewed(&others, Instant::now()) {
@@ -356,7 +356,7 @@ impl PgStore {
                 let left = sqlx::raw_sql(&leave).execute(&self.pool).await;
                 if let Err(error) = left {
                     // The row expires on its own.
-                    tracing::debug!(error = %error, "could not delete this relay's row");
+                    tracing::debug!(outbox, error = %error, "could not delete this relay's row");
                 }
                 self.shares.left();
             }

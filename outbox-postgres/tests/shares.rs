@@ -13,6 +13,7 @@ use common::fill;
 use pgoutbox_core::{Claim, Store};
 use pgoutbox_postgres::testing::TestOutbox;
 use pgoutbox_postgres::PgStore;
+use uuid::Uuid;
 
 /// The share (of `count`) an aggregate belongs to: its lock key modulo `count`.
 async fn share_of(db: &TestOutbox, aggregate_type: &str, aggregate_id: &str, count: i32) -> i32 {
@@ -44,9 +45,26 @@ async fn relays_rows(db: &TestOutbox) -> i64 {
     .unwrap()
 }
 
+/// An outbox holding 40 aggregates x 25 events (the ids returned in insertion
+/// order), and two relays on it that have found each other and each take a share
+/// of two.
+async fn two_sharing_relays() -> (TestOutbox, Vec<Uuid>, PgStore, PgStore) {
+    let db = TestOutbox::new().await.unwrap();
+    let ids = fill(&db, 40, 25).await;
+    // The backlog's aggregates fall in both shares of two (hashes of fixed names).
+    let mut all = HashSet::new();
+    for n in 0..40 {
+        all.insert(share_of(&db, "order", &format!("a{n}"), 2).await);
+    }
+    assert_eq!(all.len(), 2, "the test's aggregates span both shares");
+    let (a, b) = (db.store(), db.store());
+    until_both_share(&a, &b).await;
+    (db, ids, a, b)
+}
+
 /// Claim full batches with `a` and `b` in turn (each released) until both take a
 /// share of two: each records itself while its claims come back full, and learns
-/// of the other at its next renewal (every second). At most 30 s.
+/// of the other at its next renewal (every 250 ms). At most 30 s.
 async fn until_both_share(a: &PgStore, b: &PgStore) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -68,17 +86,7 @@ async fn until_both_share(a: &PgStore, b: &PgStore) {
 
 #[tokio::test]
 async fn relays_draining_a_backlog_claim_disjoint_shares() {
-    let db = TestOutbox::new().await.unwrap();
-    fill(&db, 40, 25).await;
-    // The backlog's aggregates fall in both shares of two (hashes of fixed names).
-    let mut all = HashSet::new();
-    for n in 0..40 {
-        all.insert(share_of(&db, "order", &format!("a{n}"), 2).await);
-    }
-    assert_eq!(all.len(), 2, "the test's aggregates span both shares");
-
-    let (a, b) = (db.store(), db.store());
-    until_both_share(&a, &b).await;
+    let (db, _, a, b) = two_sharing_relays().await;
     // Both claims open at once, as two relays' are.
     let claim_a = a.claim(20).await.unwrap();
     let claim_b = b.claim(20).await.unwrap();
@@ -95,10 +103,7 @@ async fn relays_draining_a_backlog_claim_disjoint_shares() {
 
 #[tokio::test]
 async fn a_relay_whose_share_ran_dry_claims_everything_again() {
-    let db = TestOutbox::new().await.unwrap();
-    let ids = fill(&db, 40, 25).await;
-    let (a, b) = (db.store(), db.store());
-    until_both_share(&a, &b).await;
+    let (db, ids, _a, b) = two_sharing_relays().await;
     let share_b = b.share().unwrap().0;
 
     // Twice the backlog: b gets its share's events only, not half of what it asked
@@ -126,10 +131,7 @@ async fn a_relay_whose_share_ran_dry_claims_everything_again() {
 /// then the relay left takes the whole backlog again, although its claims stay full.
 #[tokio::test]
 async fn the_share_of_a_relay_that_stopped_returns_once_its_row_expires() {
-    let db = TestOutbox::new().await.unwrap();
-    let ids = fill(&db, 40, 25).await;
-    let (a, b) = (db.store(), db.store());
-    until_both_share(&a, &b).await;
+    let (db, ids, a, b) = two_sharing_relays().await;
     drop(a);
     // b alone: full claims of its share until a's row is older than 2 s.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

@@ -358,6 +358,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 self.refresh_pending(&stop),
                 self.probe_broker(&stop)
             );
+            self.store.stopped().await;
             self.liveness.stopped();
             tracing::info!("outbox relay: stopped");
         }

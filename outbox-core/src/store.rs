@@ -50,6 +50,15 @@ pub trait Store: Send + Sync {
     fn wait_for_events(&self, timeout: Duration) -> impl Future<Output = ()> + Send {
         tokio::time::sleep(timeout)
     }
+
+    /// Called once by [`crate::Relay::run`] after its loops stopped (every batch
+    /// in flight recorded): give back what the store keeps for this relay alone.
+    /// The PostgreSQL store deletes the relay's row from the relays table, so that
+    /// the other relays draining a backlog take over its share at their next
+    /// renewal instead of once the row expired. Defaults to nothing.
+    fn stopped(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 /// A batch of events claimed by one relay.

@@ -34,6 +34,8 @@ struct Row {
 struct Rows {
     rows: Vec<Row>,
     next_seq: i64,
+    /// Calls of [`Store::stopped`].
+    stops: usize,
 }
 
 /// An outbox in memory, with the same claiming rules as the PostgreSQL store:
@@ -126,6 +128,11 @@ impl MemoryStore {
             .map(|r| (r.event.attempts, r.last_error.clone()))
     }
 
+    /// How many times a relay told this store that it stopped ([`Store::stopped`]).
+    pub fn stops(&self) -> usize {
+        self.lock().stops
+    }
+
     /// Make every pending event due now (skip backoff in tests).
     pub fn make_all_due(&self) {
         let now = Utc::now();
@@ -200,6 +207,10 @@ impl Store for MemoryStore {
 
     async fn pending(&self) -> Result<u64, StoreError> {
         Ok(self.ids_in(&State::Pending).len() as u64)
+    }
+
+    async fn stopped(&self) {
+        self.lock().stops += 1;
     }
 }
 

@@ -242,6 +242,21 @@ async fn shutdown_returns_promptly_when_idle() {
         .unwrap();
 }
 
+/// The store learns once that the relay stopped, after its loops ended (the
+/// PostgreSQL store then leaves the relays table), not once per loop.
+#[tokio::test]
+async fn a_relay_tells_its_store_once_that_it_stopped() {
+    let store = MemoryStore::new();
+    for n in 0..50 {
+        store.enqueue(event(&format!("a{n}"), n)).unwrap();
+    }
+    let relay =
+        Relay::new(store.clone(), RecordingPublisher::new()).with_config(config(10).workers(3));
+    assert_eq!(store.stops(), 0);
+    run_until_drained(&relay).await;
+    assert_eq!(store.stops(), 1);
+}
+
 #[tokio::test]
 async fn a_run_is_published_in_order_and_held_back_after_a_failure() {
     let store = MemoryStore::new();

@@ -763,6 +763,14 @@ impl Store for PgStore {
         };
         self.waker.wait(&self.pool, probe, timeout).await;
     }
+
+    /// Leave the relays table (`shares.rs`): the other relays take this one's
+    /// share at their next renewal. Bounded by the row's expiry, after which
+    /// leaving changes nothing; a failure is logged only (the row expires).
+    async fn stopped(&self) {
+        self.shares.claimed(false);
+        let _ = tokio::time::timeout(shares::EXPIRY, self.keep_share()).await;
+    }
 }
 
 /// A batch of locked events. [`Claim::complete`] records the outcomes,

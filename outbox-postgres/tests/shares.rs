@@ -127,7 +127,7 @@ async fn a_relay_whose_share_ran_dry_claims_everything_again() {
     db.drop_schema().await.unwrap();
 }
 
-/// A relay that stops claiming (stopped, or died) keeps its row until it expires;
+/// A relay that stops claiming without leaving (it died) keeps its row until it expires;
 /// then the relay left takes the whole backlog again, although its claims stay full.
 #[tokio::test]
 async fn the_share_of_a_relay_that_stopped_returns_once_its_row_expires() {
@@ -146,6 +146,23 @@ async fn the_share_of_a_relay_that_stopped_returns_once_its_row_expires() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let claim = b.claim(ids.len()).await.unwrap();
+    assert_eq!(shares_in(&db, &claim, 2).await, HashSet::from([0, 1]));
+    claim.release().await.unwrap();
+    db.drop_schema().await.unwrap();
+}
+
+/// A relay that stops cleanly (`Relay::run` returned) deletes its row at once:
+/// the relay left takes the whole backlog at its next renewal, not 2 s later.
+#[tokio::test]
+async fn a_relay_that_stops_cleanly_leaves_its_share_at_once() {
+    let (db, ids, a, b) = two_sharing_relays().await;
+    assert_eq!(relays_rows(&db).await, 2);
+    a.stopped().await;
+    assert_eq!(relays_rows(&db).await, 1, "a's row is gone");
+    // b's next renewal (due 250 ms after its last) finds it alone.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let claim = b.claim(ids.len()).await.unwrap();
+    assert_eq!(b.share(), None, "b alone claims without a share");
     assert_eq!(shares_in(&db, &claim, 2).await, HashSet::from([0, 1]));
     claim.release().await.unwrap();
     db.drop_schema().await.unwrap();

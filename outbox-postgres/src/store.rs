@@ -768,6 +768,7 @@ impl Store for PgStore {
     /// share at their next renewal. Bounded by the row's expiry, after which
     /// leaving changes nothing; a failure is logged only (the row expires).
     async fn stopped(&self) {
+        // No longer draining: the step due is to leave, if the row was written.
         self.shares.claimed(false);
         let _ = tokio::time::timeout(shares::EXPIRY, self.keep_share()).await;
     }

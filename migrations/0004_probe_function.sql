@@ -7,9 +7,8 @@
 --
 -- ordered: a due event of an aggregate that is not held, at or after walk_start
 -- (where ordered claims start walking the pending index), or a hold that expired.
--- Otherwise: any due event. The queries come from outbox-postgres `Sql` (the
--- relay's plan test checks them); changing them takes a migration that replaces
--- this function (as migration 5 does).
+-- Otherwise: any due event. Released migrations never change: a change to these
+-- queries takes a migration that replaces this function (as migrations 5 and 7 do).
 CREATE FUNCTION {{probe_function}}(ordered boolean, walk_start bigint)
     RETURNS boolean
     LANGUAGE plpgsql STABLE
@@ -20,8 +19,13 @@ CREATE FUNCTION {{probe_function}}(ordered boolean, walk_start bigint)
 AS $$
 BEGIN
     IF ordered THEN
-        RETURN ({{probe_due_ordered_query}});
+        RETURN (SELECT EXISTS (SELECT 1 FROM {{events}} e WHERE e.processed_at IS NULL
+                    AND e.dead_at IS NULL AND e.seq >= walk_start AND e.available_at <= now()
+                    AND (NOT EXISTS (SELECT 1 FROM {{holds}}) OR NOT EXISTS (SELECT 1 FROM {{holds}} h
+                        WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id)))
+                OR EXISTS (SELECT 1 FROM {{holds}} WHERE until <= now()));
     END IF;
-    RETURN ({{probe_due_unordered_query}});
+    RETURN (SELECT EXISTS (SELECT 1 FROM {{events}} WHERE processed_at IS NULL AND dead_at IS NULL
+                AND available_at <= now()));
 END
 $$;

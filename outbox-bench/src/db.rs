@@ -430,8 +430,11 @@ pub(crate) async fn run_sql_limit(
                             .map(|e| e.id)
                             .collect()
                     } else {
+                        // The whole index: the drain starts on a table vacuum has
+                        // cleaned, where relays too start from its beginning.
                         sqlx::query(sql.claim_unordered)
                             .bind(batch)
+                            .bind(i64::MIN)
                             .fetch_all(&mut *tx)
                             .await?
                             .iter()

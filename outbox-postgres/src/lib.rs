@@ -49,6 +49,7 @@ pub use sql::AfterDeadLetter;
 /// The sqlx this crate is built with (0.8): your transactions must be of the same
 /// version to be passed to [`Outbox::enqueue`]; use this one or depend on `sqlx = "0.8"`.
 pub use sqlx;
+pub use stats::Horizon;
 pub use store::{ClaimSql, PgClaim, PgStore, Retention, StoreConfig};
 pub use tables::Tables;
 pub use wakeup::{install_notify_trigger, remove_notify_trigger, Wakeup};

@@ -47,6 +47,7 @@ const MIGRATIONS: &[Migration] = &[
         include_str!("../migrations/0005_probe_function_holds_probe.sql"),
     ),
     Migration::new(6, "relays", include_str!("../migrations/0006_relays.sql")),
+    Migration::new(7, "held", include_str!("../migrations/0007_held.sql")),
 ];
 
 /// The consumer inbox alone, for a service that consumes events and has no outbox
@@ -268,6 +269,30 @@ mod tests {
             std::fs::canonicalize(crate_dir.join("migrations")).expect("crate migrations"),
             std::fs::canonicalize(workspace_migrations).expect("workspace migrations"),
         );
+    }
+
+    /// The wake-up probe's queries as the code knows them (what the plan test
+    /// explains) are those the latest migration that installs the probe function
+    /// runs: a change to them without a new migration fails here, instead of
+    /// leaving deployed databases with the old function.
+    #[test]
+    fn the_probe_function_runs_the_queries_the_code_knows() {
+        let sql = Sql::new(&Tables::default());
+        let latest = MIGRATIONS
+            .iter()
+            .rev()
+            .find(|m| m.template.contains("FUNCTION {{probe_function}}"))
+            .expect("a migration installs the probe function");
+        let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let function = words(&render(latest.template, &sql.template_names));
+        for query in [&sql.probe_due_ordered_query, &sql.probe_due_unordered_query] {
+            let query = words(&query.replace("$1", "walk_start"));
+            assert!(
+                function.contains(&format!("RETURN ({query});")),
+                "migration {} does not run {query}",
+                latest.version
+            );
+        }
     }
 
     #[test]

@@ -26,8 +26,8 @@ const SKIPPED_FROM: &str = "pgoutbox.claim_skipped_from";
 /// statistics states under `plan_cache_mode = force_generic_plan`. That mode is set
 /// too: each statement is planned once per connection, never per execution (the
 /// two-step ordered claim took over a millisecond to plan, more than to run). The settings
-/// travel with `BEGIN` or, for statements outside a claim, in the
-/// same simple query: no extra round trip.
+/// travel with `BEGIN` (statements outside a claim, such as the pending count, open a
+/// transaction of their own with it): no extra round trip.
 macro_rules! plan_guard {
     () => {
         "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; \
@@ -43,16 +43,6 @@ pub(crate) const BEGIN_ASYNC_COMMIT: &str = concat!(
     plan_guard!(),
     "; SET LOCAL synchronous_commit = off"
 );
-/// Prefix of the hot-path statements run outside a claim transaction, sent with
-/// them as one simple query: PostgreSQL runs the two as one implicit transaction,
-/// so `SET LOCAL` applies to the statement and ends with it.
-const GUARDED: &str = concat!(plan_guard!(), "; ");
-
-/// A statement built with the [`GUARDED`] prefix, without it (to `PREPARE` it).
-#[cfg(feature = "test-utils")]
-pub(crate) fn unguarded(statement: &str) -> &str {
-    statement.strip_prefix(GUARDED).unwrap_or(statement)
-}
 
 /// How long a dead letter that blocks its aggregate ([`AfterDeadLetter::Block`]) keeps
 /// it held before a relay looks again. `DeadLetters::retry` and `purge` lift the
@@ -149,28 +139,41 @@ pub(crate) struct Sql {
     pub(crate) claim_runs: String,
     /// The relays table, qualified (see [`Sql::share_renew`]).
     relays: String,
-    pub(crate) walk_front: String,
+    /// The front and the running producers, for ordered and for unordered walks.
+    pub(crate) walk_front_ordered: String,
+    pub(crate) walk_front_unordered: String,
     pub(crate) hold: String,
     pub(crate) unhold: String,
+    pub(crate) advance_held: String,
+    pub(crate) drop_expired_holds: String,
+    /// Pending events (`$1`: the walk start): those at or after the start, and
+    /// those of held aggregates below it (every other event below it is
+    /// published, see `walk_start.rs`). Run with [`Sql::guarded`].
+    pub(crate) count_pending_ordered: String,
+    pub(crate) count_pending_unordered: String,
+    /// The oldest pending event below the walk start (`$1`) that no hold accounts
+    /// for (put back by hand). Run with [`Sql::guarded`].
+    pub(crate) look_below_ordered: String,
+    pub(crate) look_below_unordered: String,
     pub(crate) delete_published: String,
     pub(crate) mark_published: String,
     pub(crate) record_failures: String,
     pub(crate) record_failures_release: String,
     pub(crate) record_failures_block: String,
-    /// Simple-protocol statements (plan guard included): run with `sqlx::raw_sql`.
-    pub(crate) count_pending: String,
     /// The wake-up probe: a call of the probe function (migrations 4 and 5); bind:
     /// ordered, walk start.
     pub(crate) probe_due: String,
     /// The probe function, qualified (see [`Sql::probe_due_simple`]).
     probe_function: String,
-    /// The queries inside the probe function, with their arguments as `$1`
-    /// (ordered: the walk start): what the plan test explains.
+    /// The queries inside the probe function, with their argument, the walk start,
+    /// as `$1`: what the plan test explains (and a test compares with migration 7).
     #[cfg_attr(not(feature = "test-utils"), allow(dead_code))]
     pub(crate) probe_due_ordered_query: String,
     #[cfg_attr(not(feature = "test-utils"), allow(dead_code))]
     pub(crate) probe_due_unordered_query: String,
     pub(crate) stats: String,
+    /// Who holds back the xmin horizon, and the oldest open producer of this outbox.
+    pub(crate) horizon: String,
     pub(crate) count_due: String,
     pub(crate) count_due_unlocked: String,
     pub(crate) count_due_in_locked_aggregates: String,
@@ -242,10 +245,11 @@ impl Sql {
         // (a setting set once in the session reads '' after its transaction).
         let skipped_from = format!("NULLIF(current_setting('{SKIPPED_FROM}', true), '')");
         let waits_until_e = waits_until("e");
+        // The held aggregates (migration 7; migration 3 created it as `<events>_holds`).
         let holds = format!(
             "{}.{}",
             tables.schema().quoted(),
-            tables.derived(tables.events(), "holds")
+            tables.derived(tables.events(), "held")
         );
         let relays = format!(
             "{}.{}",
@@ -288,44 +292,105 @@ impl Sql {
                  AND h.aggregate_id = {alias}.aggregate_id OFFSET 0))"
             )
         };
+        // The `= ANY` repeats the join's condition, so that the events table is
+        // read by those ids whichever way the join is planned (on a table vacuumed
+        // after a drain, the planner took it for empty and merged the ids with a
+        // read of the whole primary key, entries of published events included).
         let failures = "UPDATE {events} e SET attempts = e.attempts + 1, last_error = f.error, \
              available_at = clock_timestamp() + f.delay_ms * interval '1 millisecond', \
              dead_at = CASE WHEN f.dead THEN clock_timestamp() END \
              FROM unnest($1::uuid[], $2::text[], $3::float8[], $4::bool[]) \
-             AS f(id, error, delay_ms, dead) WHERE e.id = f.id"
+             AS f(id, error, delay_ms, dead) WHERE e.id = f.id AND e.id = ANY($1)"
             .replace("{events}", &events);
+        // A hold's `from_seq` when two bounds meet: the lower, NULL (from the
+        // aggregate's oldest event) if either is.
+        let lower_bound = |a: &str, b: &str| {
+            format!("CASE WHEN {a} IS NULL OR {b} IS NULL THEN NULL ELSE LEAST({a}, {b}) END")
+        };
+        let keep_lower_bound = format!(
+            "from_seq = {}",
+            lower_bound("h.from_seq", "EXCLUDED.from_seq")
+        );
         // With ordering on, a failed event holds its aggregate until it is due again
         // (or, blocking dead letters, until the recheck); the relay held back its
-        // followers in the same batch.
+        // followers in the same batch. The hold's `from_seq`: the failed event, or
+        // the claim's walk start ($5) if lower, below which every event that will
+        // ever commit had committed when the claim began (`walk_start.rs`), so that
+        // a producer of the aggregate that commits late is still found.
         let failures_holding = |dead_until: &str| {
             format!(
-                "WITH f AS ({failures} RETURNING e.aggregate_type, e.aggregate_id, e.available_at, e.dead_at) \
-                 INSERT INTO {holds} (aggregate_type, aggregate_id, until) \
+                "WITH f AS ({failures} RETURNING e.seq, e.aggregate_type, e.aggregate_id, \
+                 e.available_at, e.dead_at) \
+                 INSERT INTO {holds} AS h (aggregate_type, aggregate_id, until, from_seq) \
                  SELECT aggregate_type, aggregate_id, \
-                 max(CASE WHEN dead_at IS NULL THEN available_at ELSE {dead_until} END) \
+                 max(CASE WHEN dead_at IS NULL THEN available_at ELSE {dead_until} END), \
+                 LEAST(min(seq), $5::int8) \
                  FROM f GROUP BY aggregate_type, aggregate_id \
                  HAVING max(CASE WHEN dead_at IS NULL THEN available_at ELSE {dead_until} END) IS NOT NULL \
-                 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET until = EXCLUDED.until"
+                 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET until = EXCLUDED.until, \
+                 {keep_lower_bound}"
             )
         };
         // Filters of the ordered probe: a due event of an aggregate not held, or a
         // hold that expired. Followers of a held aggregate do not wake the relay.
+        // The first due event in `seq` order, not `EXISTS`: the planner drops the
+        // order of an `EXISTS` subquery, and then may pick the aggregate index
+        // (its predicate fits too) and read all of it for `seq >= start`, dead
+        // entries included; ordered, only the pending index serves it (sorts are
+        // off), from the start.
         let probe_ordered = |walk_start: &str| {
             format!(
-                "SELECT EXISTS (SELECT 1 FROM {events} e WHERE e.processed_at IS NULL \
+                "SELECT (SELECT e.seq FROM {events} e WHERE e.processed_at IS NULL \
                  AND e.dead_at IS NULL AND e.seq >= {walk_start} \
-                 AND e.available_at <= now() AND {}) \
+                 AND e.available_at <= now() AND {} ORDER BY e.seq LIMIT 1) IS NOT NULL \
                  OR EXISTS (SELECT 1 FROM {holds} WHERE until <= now())",
                 not_held("e")
             )
         };
-        let probe_unordered = format!(
-            "SELECT EXISTS (SELECT 1 FROM {events} WHERE {pending} AND available_at <= now())"
-        );
+        let probe_unordered = |walk_start: &str| {
+            format!(
+                "SELECT (SELECT seq FROM {events} WHERE processed_at IS NULL AND dead_at IS NULL \
+                 AND seq >= {walk_start} AND available_at <= now() ORDER BY seq LIMIT 1) IS NOT NULL"
+            )
+        };
         let probe_function = format!(
             "{}.{}",
             tables.schema().quoted(),
             tables.derived(tables.events(), "probe_due")
+        );
+        // Producers that may still commit an event numbered below a front: the
+        // transactions holding a lock on the events table's identity sequence.
+        // `nextval` takes one (RowExclusiveLock) before it hands out a number and
+        // keeps it to the end of the transaction, so a producer is listed from the
+        // moment it has a `seq`; a prepared transaction keeps its locks too (listed
+        // as `-1/<xid>`). A session that holds a snapshot but writes no events
+        // (pg_dump, a report, an idle client) is not listed: waiting for it kept the
+        // start in place for as long as it ran, and every claim stepped over the
+        // index entries of the events published meanwhile, which vacuum cannot
+        // remove while that snapshot exists. A table without an owned sequence (not
+        // made by `migrate`) lists every transaction instead.
+        let sequence = format!("pg_get_serial_sequence('{events}', 'seq')::regclass::oid");
+        let walk_front = |filter: &str, expired_holds: &str| {
+            format!(
+                "SELECT (SELECT f.seq FROM {events} f WHERE f.processed_at IS NULL \
+                 AND f.dead_at IS NULL AND f.seq >= $1{filter} ORDER BY f.seq LIMIT 1) AS front, \
+                 ARRAY(SELECT l.virtualtransaction FROM pg_locks l \
+                 CROSS JOIN (SELECT {sequence} AS oid) s \
+                 WHERE l.pid IS DISTINCT FROM pg_backend_pid() AND CASE WHEN s.oid IS NULL \
+                 THEN l.locktype = 'virtualxid' \
+                 ELSE l.locktype = 'relation' AND l.relation = s.oid AND l.database = \
+                 (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()) END \
+                 UNION ALL SELECT 'prepared ' || p.transaction::text FROM pg_prepared_xacts p \
+                 WHERE {sequence} IS NULL) AS running, {expired_holds} AS expired_holds"
+            )
+        };
+        // Dead-letter administration: an expired hold, read from the aggregate's
+        // oldest event, for each aggregate of the rows `r` changed.
+        let expire_holds = format!(
+            "INSERT INTO {holds} (aggregate_type, aggregate_id, until, from_seq) \
+             SELECT DISTINCT aggregate_type, aggregate_id, now(), NULL::int8 FROM r \
+             ON CONFLICT (aggregate_type, aggregate_id) \
+             DO UPDATE SET until = EXCLUDED.until, from_seq = NULL"
         );
         // Filters shared by the dead-letter statements; NULL parameters match everything.
         let dead = "dead_at IS NOT NULL AND processed_at IS NULL \
@@ -357,15 +422,25 @@ impl Sql {
                 ("inbox_pkey", tables.derived(tables.inbox(), "pkey")),
                 ("inbox_processed_idx", tables.derived(tables.inbox(), "processed_idx")),
                 ("notify_function", notify_function.clone()),
-                ("holds", holds.clone()),
+                ("schema", tables.schema().quoted()),
+                (
+                    "holds",
+                    format!(
+                        "{}.{}",
+                        tables.schema().quoted(),
+                        tables.derived(tables.events(), "holds")
+                    ),
+                ),
                 ("holds_pkey", tables.derived(tables.events(), "holds_pkey")),
                 ("holds_until_idx", tables.derived(tables.events(), "holds_until_idx")),
+                ("held", holds.clone()),
+                ("held_table", tables.derived(tables.events(), "held")),
+                ("held_pkey", tables.derived(tables.events(), "held_pkey")),
+                ("held_until_idx", tables.derived(tables.events(), "held_until_idx")),
                 ("relays", relays.clone()),
                 ("relays_pkey", tables.derived(tables.events(), "relays_pkey")),
                 ("notify_channel", format!("'{notify_channel}'")),
                 ("probe_function", probe_function.clone()),
-                ("probe_due_ordered_query", probe_ordered("walk_start")),
-                ("probe_due_unordered_query", probe_unordered.clone()),
             ],
 
             enqueue_one: format!(
@@ -384,9 +459,11 @@ impl Sql {
                  destination, available_at, n) ORDER BY u.n"
             ),
 
+            // From the walk start ($2), as ordered claims walk.
             claim_unordered: format!(
                 "SELECT {EVENT_COLUMNS} FROM {events} e \
-                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now() \
+                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.seq >= $2 \
+                 AND e.available_at <= now() \
                  ORDER BY e.seq LIMIT $1 FOR UPDATE SKIP LOCKED"
             ),
             // Ordered claim, step 1: walk the pending index in insertion order from
@@ -460,10 +537,10 @@ impl Sql {
                  NULL::timestamptz, NULL::bool, NULL::bool, false, \
                  {skipped_from}::int8 WHERE {skipped_from} IS NOT NULL) \
                  UNION ALL \
-                 (SELECT NULL::int8, NULL::uuid, x.aggregate_type, x.aggregate_id, NULL::text, \
+                 (SELECT x.from_seq, NULL::uuid, x.aggregate_type, x.aggregate_id, NULL::text, \
                  NULL::text, NULL::text, NULL::text, NULL::int4, NULL::timestamptz, \
                  NULL::timestamptz, NULL::bool, NULL::bool, true, NULL::int8 \
-                 FROM (SELECT aggregate_type, aggregate_id FROM {holds} \
+                 FROM (SELECT aggregate_type, aggregate_id, from_seq FROM {holds} \
                  WHERE until <= now() ORDER BY until LIMIT $3) x WHERE {})",
                 outside_share("e"),
                 lock("e"),
@@ -482,7 +559,10 @@ impl Sql {
             // without statistics otherwise scanned the whole seq range once per key:
             // 20-50 ms a claim. Held aggregates are left out by the walk's own check
             // (`not_held`: one probe of the holds table per key). Then each expired
-            // hold's first events from its oldest, through the aggregate index.
+            // hold's first $8 events from its `from_seq` ($7; the store passes
+            // i64::MIN for NULL), through the aggregate index: never below it, where
+            // the index keeps the entries of the aggregate's published events until
+            // vacuum removes them.
             // Not-due rows and dead letters come back flagged; the store ends each
             // run before a not-due row and steps over (Release) or stops at (Block)
             // a dead letter.
@@ -495,35 +575,48 @@ impl Sql {
                  ORDER BY e.seq OFFSET 0) r \
                  WHERE {} \
                  UNION ALL \
-                 SELECT r.* FROM unnest($5::text[], $6::text[]) AS k(aggregate_type, aggregate_id) \
+                 SELECT r.* FROM unnest($5::text[], $6::text[], $7::int8[]) \
+                 AS k(aggregate_type, aggregate_id, from_seq) \
                  CROSS JOIN LATERAL (SELECT {run_columns}, {waits_until_e}, \
                  e.dead_at IS NOT NULL AS dead \
                  FROM {events} e WHERE e.aggregate_type = k.aggregate_type \
                  AND e.aggregate_id = k.aggregate_id AND e.processed_at IS NULL \
-                 ORDER BY e.seq LIMIT {RELEASED_RUN}) r",
+                 AND e.seq >= k.from_seq ORDER BY e.seq LIMIT $8) r",
                 not_held("k"),
             ),
             relays: relays.clone(),
             // What moves the walk start (`walk_start.rs`): the oldest pending event at
-            // or after $1, held or not due included, as this statement's snapshot
-            // sees it; and every transaction running once that snapshot was taken
-            // (virtual ids, so a producer that took a `seq` before it wrote anything
-            // is there too; prepared transactions by their xid), other than this
-            // claim's own.
-            walk_front: format!(
-                "SELECT (SELECT f.seq FROM {events} f WHERE f.processed_at IS NULL \
-                 AND f.dead_at IS NULL AND f.seq >= $1 ORDER BY f.seq LIMIT 1) AS front, \
-                 ARRAY(SELECT l.virtualxid FROM pg_locks l WHERE l.locktype = 'virtualxid' \
-                 AND l.pid IS DISTINCT FROM pg_backend_pid() \
-                 UNION ALL SELECT 'prepared ' || p.transaction::text FROM pg_prepared_xacts p) \
-                 AS running"
+            // or after $1 that a walk must see (ordered: of an aggregate not held;
+            // held and not-due events included otherwise), as this statement's
+            // snapshot sees it; and the producers running once that snapshot was
+            // taken.
+            walk_front_ordered: walk_front(&format!(" AND {}", not_held("f")), "false"),
+            // Unordered relays keep no holds, but `DeadLetters::retry` writes an
+            // expired one for each retried event, which it puts back below where
+            // walks start: the relay then walks from the beginning once and
+            // deletes them (`drop_expired_holds`).
+            walk_front_unordered: walk_front(
+                "",
+                &format!("EXISTS (SELECT 1 FROM {holds} WHERE until <= now())"),
             ),
+            drop_expired_holds: format!("DELETE FROM {holds} WHERE until <= now()"),
             // NULL until: a blocking dead letter, looked at again after the recheck.
+            // `from_seq` ($4) only ever goes down here (see migration 7).
             hold: format!(
-                "INSERT INTO {holds} (aggregate_type, aggregate_id, until) \
-                 SELECT t, i, COALESCE(u, clock_timestamp() + {BLOCKED_RECHECK}) \
-                 FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS h(t, i, u) \
-                 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET until = EXCLUDED.until"
+                "INSERT INTO {holds} AS h (aggregate_type, aggregate_id, until, from_seq) \
+                 SELECT t, i, COALESCE(u, clock_timestamp() + {BLOCKED_RECHECK}), f \
+                 FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::int8[]) \
+                 AS x(t, i, u, f) \
+                 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET until = EXCLUDED.until, \
+                 {keep_lower_bound}"
+            ),
+            // An expired hold taken up by a claim that published the start of its
+            // aggregate's events: the rest are read from `from_seq` ($3) next time.
+            advance_held: format!(
+                "UPDATE {holds} h SET from_seq = u.f \
+                 FROM unnest($1::text[], $2::text[], $3::int8[]) AS u(t, i, f) \
+                 WHERE h.aggregate_type = u.t AND h.aggregate_id = u.i \
+                 AND h.aggregate_type = ANY($1) AND h.aggregate_id = ANY($2)"
             ),
             // The `= ANY` conditions repeat the join's: whichever side the planner
             // puts the holds table on, its scan is bounded by the keys given, not a
@@ -544,11 +637,32 @@ impl Sql {
                 "clock_timestamp() + {BLOCKED_RECHECK}"
             )),
             record_failures: failures,
-            count_pending: format!("{GUARDED}SELECT count(*) FROM {events} WHERE {pending}"),
+            // Counted in `seq` order for the same reason as the probe.
+            count_pending_ordered: format!(
+                "SELECT (SELECT count(*) FROM (SELECT 1 FROM {events} e WHERE {pending} \
+                 AND e.seq >= $1 ORDER BY e.seq) p) \
+                 + (SELECT COALESCE(sum(b.n), 0) FROM {holds} h CROSS JOIN LATERAL \
+                 (SELECT count(*) AS n FROM {events} e WHERE e.aggregate_type = h.aggregate_type \
+                 AND e.aggregate_id = h.aggregate_id AND e.processed_at IS NULL \
+                 AND e.dead_at IS NULL AND e.seq < $1 \
+                 AND e.seq >= COALESCE(h.from_seq, '-9223372036854775808'::int8)) b)::int8"
+            ),
+            count_pending_unordered: format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {events} WHERE {pending} AND seq >= $1 \
+                 ORDER BY seq) p"
+            ),
+            look_below_ordered: format!(
+                "SELECT f.seq FROM {events} f WHERE f.processed_at IS NULL AND f.dead_at IS NULL \
+                 AND f.seq < $1 AND {} ORDER BY f.seq LIMIT 1",
+                not_held("f")
+            ),
+            look_below_unordered: format!(
+                "SELECT seq FROM {events} WHERE {pending} AND seq < $1 ORDER BY seq LIMIT 1"
+            ),
             probe_due: format!("SELECT {probe_function}($1, $2)"),
             probe_function: probe_function.clone(),
             probe_due_ordered_query: probe_ordered("$1"),
-            probe_due_unordered_query: probe_unordered.clone(),
+            probe_due_unordered_query: probe_unordered("$1"),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE {pending}), \
                  count(*) FILTER (WHERE {pending} AND available_at > now()), \
@@ -559,6 +673,32 @@ impl Sql {
                  FROM {events}"
             ),
 
+            // Sessions of the cluster holding a snapshot (other than this one), by
+            // the age of their xmin: the oldest, its transaction's age, and who it
+            // is; the oldest xmin of any kind (replication slots, a replica's
+            // feedback through its walsender, prepared transactions) in
+            // transactions; and the age of the oldest transaction that took a
+            // `seq` of this outbox and is still open (it keeps walk starts below
+            // its event, `walk_start.rs`). Other roles' sessions show only with
+            // `pg_read_all_stats` (e.g. the `pg_monitor` role).
+            horizon: format!(
+                "WITH s AS (SELECT pid, backend_xmin, xact_start, state, backend_type, \
+                 application_name FROM pg_stat_activity \
+                 WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()), \
+                 o AS (SELECT * FROM s ORDER BY age(backend_xmin) DESC LIMIT 1) \
+                 SELECT (SELECT extract(epoch FROM now() - min(xact_start)) FROM s)::float8 \
+                 AS snapshot_age, \
+                 (SELECT format('pid %s (%s, %s)', pid, \
+                 COALESCE(NULLIF(application_name, ''), backend_type), COALESCE(state, '?')) \
+                 FROM o) AS holder, \
+                 GREATEST((SELECT max(age(backend_xmin)) FROM s), \
+                 (SELECT max(age(xmin)) FROM pg_replication_slots), \
+                 (SELECT max(age(transaction)) FROM pg_prepared_xacts))::int8 AS xmin_age, \
+                 (SELECT extract(epoch FROM now() - min(a.xact_start)) FROM pg_locks l \
+                 JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'relation' \
+                 AND l.relation = {sequence} AND l.pid <> pg_backend_pid())::float8 \
+                 AS producer_age"
+            ),
             count_due: format!(
                 "SELECT count(*) FROM (SELECT 1 FROM {events} \
                  WHERE {pending} AND available_at <= now() LIMIT $1) d"
@@ -591,29 +731,34 @@ impl Sql {
             dead_retry: format!(
                 "WITH r AS (UPDATE {events} SET dead_at = NULL, attempts = 0, available_at = now() \
                  WHERE {dead} RETURNING aggregate_type, aggregate_id), \
-                 u AS (INSERT INTO {holds} (aggregate_type, aggregate_id, until) \
-                 SELECT DISTINCT aggregate_type, aggregate_id, now() FROM r \
-                 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET until = EXCLUDED.until) \
+                 u AS ({expire_holds}) \
                  SELECT count(*) FROM r"
             ),
-            // Lifts the holds of the aggregates it touches, so a blocked aggregate
-            // moves at once.
+            // Expires the holds of the aggregates it touches, so a blocked aggregate
+            // moves at once: the next claim takes it up from its oldest event (its
+            // followers may lie below where walks start; a hold is only deleted by
+            // a claim that publishes all of its aggregate's events).
             dead_purge: format!(
                 "WITH r AS (DELETE FROM {events} WHERE {dead} RETURNING aggregate_type, aggregate_id), \
-                 u AS (DELETE FROM {holds} h USING r \
-                 WHERE h.aggregate_type = r.aggregate_type AND h.aggregate_id = r.aggregate_id) \
+                 u AS ({expire_holds}) \
                  SELECT count(*) FROM r"
             ),
 
+            // Cleanup: the oldest `$2` rows older than `$1` seconds, from `$3` on (the
+            // newest `processed_at` the previous batch deleted, see `cleanup.rs`);
+            // how many, and the newest `processed_at` among them.
             cleanup_processed: format!(
-                "DELETE FROM {events} WHERE id IN (SELECT id FROM {events} \
-                 WHERE processed_at < now() - $1 * interval '1 second' \
-                 ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                "WITH d AS (DELETE FROM {events} WHERE id IN (SELECT id FROM {events} \
+                 WHERE processed_at < now() - $1 * interval '1 second' AND processed_at >= COALESCE($3::timestamptz, '-infinity') \
+                 ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING processed_at) \
+                 SELECT count(*), max(processed_at) FROM d"
             ),
             cleanup_inbox: format!(
-                "DELETE FROM {inbox} WHERE (consumer, event_id) IN (SELECT consumer, event_id \
-                 FROM {inbox} WHERE processed_at < now() - $1 * interval '1 second' LIMIT $2 \
-                 FOR UPDATE SKIP LOCKED)"
+                "WITH d AS (DELETE FROM {inbox} WHERE (consumer, event_id) IN \
+                 (SELECT consumer, event_id FROM {inbox} \
+                 WHERE processed_at < now() - $1 * interval '1 second' AND processed_at >= COALESCE($3::timestamptz, '-infinity') \
+                 ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING processed_at) \
+                 SELECT count(*), max(processed_at) FROM d"
             ),
             inbox_record: format!(
                 "INSERT INTO {inbox} (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
@@ -650,6 +795,18 @@ impl Sql {
                  WHERE processed_at IS NULL"
             ),
         }
+    }
+
+    /// `statement` with the walk start written in for `$1`, after the planner
+    /// settings of [`BEGIN`], as one simple query: one round trip, in the implicit
+    /// transaction PostgreSQL runs a multi-statement query in, so `SET LOCAL` ends
+    /// with it (pooler-safe outside a transaction, see `pooler.rs`).
+    pub(crate) fn guarded(statement: &str, walk_start: i64) -> String {
+        format!(
+            "{}; {}",
+            plan_guard!(),
+            statement.replace("$1", &format!("'{walk_start}'::int8"))
+        )
     }
 
     /// The wake-up probe with its arguments written in, for the simple protocol

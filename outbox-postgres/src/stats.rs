@@ -8,6 +8,30 @@ use sqlx::{PgConnection, Row};
 use crate::error::Result;
 use crate::store::PgStore;
 
+/// Who holds back vacuum: the oldest snapshot in the cluster, and the oldest open
+/// producer transaction of one outbox ([`PgStore::horizon`]).
+///
+/// A snapshot held for long (pg_dump, a long report, an idle session in a
+/// transaction, a replica with `hot_standby_feedback`) stops vacuum everywhere in
+/// the cluster: tables and indexes grow until it ends. Relays do not slow down for
+/// it; they do for a transaction that took an event's `seq` and stays open, whose
+/// event every claim must wait for (walks start no later than it).
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Horizon {
+    /// How long the oldest transaction holding a snapshot has run.
+    pub oldest_snapshot_age: Option<Duration>,
+    /// Which session holds the oldest snapshot: pid, application (or process
+    /// kind) and state.
+    pub oldest_snapshot_holder: Option<String>,
+    /// Age in transactions of the oldest xmin of any kind: sessions, replication
+    /// slots and the replicas' feedback, prepared transactions.
+    pub xmin_age: Option<u64>,
+    /// How long the oldest open transaction that took a `seq` of this outbox has
+    /// run.
+    pub oldest_producer_age: Option<Duration>,
+}
+
 impl PgStore {
     /// Count pending, scheduled, dead and recently published events (one table scan)
     /// and held aggregates.
@@ -31,6 +55,31 @@ impl PgStore {
         stats.processed_last_hour = count(4)?;
         stats.held_aggregates = count(5)?;
         Ok(stats)
+    }
+
+    /// Who holds back the xmin horizon of the cluster (vacuum removes no row
+    /// version that the oldest snapshot may still see), and the oldest open
+    /// producer transaction of this outbox.
+    pub async fn horizon(&self) -> Result<Horizon> {
+        let mut tx = self.pool().begin().await?;
+        let row = sqlx::query(&self.outbox().sql().horizon)
+            .persistent(self.outbox().persistent())
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let seconds = |column: &str| -> Result<Option<Duration>> {
+            Ok(row
+                .try_get::<Option<f64>, _>(column)?
+                .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default()))
+        };
+        Ok(Horizon {
+            oldest_snapshot_age: seconds("snapshot_age")?,
+            oldest_snapshot_holder: row.try_get("holder")?,
+            xmin_age: row
+                .try_get::<Option<i64>, _>("xmin_age")?
+                .map(|n| u64::try_from(n).unwrap_or(0)),
+            oldest_producer_age: seconds("producer_age")?,
+        })
     }
 
     /// Due events claimed by relays right now, or `None` when more than `limit` are

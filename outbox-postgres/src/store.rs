@@ -263,19 +263,29 @@ impl PgStore {
         if self.config.ordering {
             self.keep_share().await;
         }
+        self.look_below_when_due();
         let mut tx = self.pool.begin_with(self.begin_statement()).await?;
         self.waker.claiming();
-        let events = if self.config.ordering {
-            self.claim_runs(&mut tx, limit).await?
+        let (events, walk_start, taken_up) = if self.config.ordering {
+            let runs = self.claim_runs(&mut tx, limit).await?;
+            (runs.events, runs.walk_start, runs.taken_up)
         } else {
+            let (from, observe) = self.walk_start.plan(Instant::now());
+            if observe {
+                self.observe_front(&mut tx, from).await?;
+            }
+            let from = self.walk_start.from();
             let rows = sqlx::query(&self.sql().claim_unordered)
                 .bind(limit)
+                .bind(from)
                 .persistent(self.outbox.persistent())
                 .fetch_all(&mut *tx)
                 .await?;
-            rows.iter()
+            let events = rows
+                .iter()
                 .map(row::event)
-                .collect::<Result<Vec<Event>, _>>()?
+                .collect::<Result<Vec<Event>, _>>()?;
+            (events, from, Vec::new())
         };
         self.waker.claimed(events.len());
         let tx = if events.is_empty() {
@@ -288,9 +298,59 @@ impl PgStore {
         Ok(PgClaim {
             tx,
             events,
+            walk_start,
+            taken_up,
             sql: Arc::clone(self.sql()),
             config: self.config,
             persistent: self.outbox.persistent(),
+        })
+    }
+
+    /// Start a look below the walk start, off the claim path, when one is due
+    /// (`walk_start.rs`): a pending event that no hold accounts for (put back by
+    /// hand in SQL) takes the start back to it.
+    fn look_below_when_due(&self) {
+        let Some(from) = self.walk_start.look_below_due(Instant::now()) else {
+            return;
+        };
+        let store = self.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let found = store.look_below(from).await;
+            let completed = Instant::now();
+            let found = match found {
+                Ok(found) => found,
+                Err(error) => {
+                    tracing::debug!(outbox = %store.name(), %error, "look below the walk start failed");
+                    None
+                }
+            };
+            if let Some(seq) = found {
+                tracing::info!(
+                    outbox = %store.name(),
+                    seq,
+                    walk_start = from,
+                    "a pending event below the walk start that no hold accounts for \
+                     (changed by hand?): walking from it"
+                );
+            }
+            store.walk_start.looked_below(found, started, completed);
+        });
+    }
+
+    /// The oldest pending event below `from` that no hold accounts for.
+    async fn look_below(&self, from: i64) -> Result<Option<i64>> {
+        let statement = if self.config.ordering {
+            &self.sql().look_below_ordered
+        } else {
+            &self.sql().look_below_unordered
+        };
+        let rows = sqlx::raw_sql(&Sql::guarded(statement, from))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(match rows.first() {
+            Some(row) => Some(row.try_get(0)?),
+            None => None,
         })
     }
 
@@ -304,7 +364,7 @@ impl PgStore {
         limit: i64,
     ) -> Result<Vec<Event>> {
         self.keep_share().await;
-        self.claim_runs(conn, limit).await
+        Ok(self.claim_runs(conn, limit).await?.events)
     }
 
     /// Renew this relay's row in the relays table, or delete it, when due
@@ -365,7 +425,7 @@ impl PgStore {
 
     /// The ordered claim: lock aggregates while reading their runs, and read them
     /// again if something may have changed them meanwhile (see `sql::claim_aggregates`).
-    async fn claim_runs(&self, tx: &mut PgConnection, limit: i64) -> Result<Vec<Event>> {
+    async fn claim_runs(&self, tx: &mut PgConnection, limit: i64) -> Result<OrderedClaim> {
         let share = self.shares.current();
         // A share's rows are about 1 in `count` of those walked.
         let scan_window = limit
@@ -376,12 +436,13 @@ impl PgStore {
         if observe {
             self.observe_front(tx, from).await?;
         }
+        // Read again: the observation may just have moved the start.
+        let walk_start = self.walk_start.from();
         let walked = sqlx::query(&self.sql().claim_aggregates)
             .bind(limit)
             .bind(scan_window)
             .bind(expired_holds)
-            // Read again: the observation may just have moved the start.
-            .bind(self.walk_start.from())
+            .bind(walk_start)
             .bind(share.map(|s| s.index))
             .bind(share.map(|s| s.count))
             .persistent(self.outbox.persistent())
@@ -389,9 +450,10 @@ impl PgStore {
             .await?;
         if walked.is_empty() {
             self.shares.claimed(false);
-            return Ok(Vec::new());
+            return Ok(OrderedClaim::empty(walk_start));
         }
         let mut released = LockedAggregates::default();
+        let mut released_from: Vec<i64> = Vec::new();
         let mut kept = Vec::with_capacity(walked.len());
         let mut skipped_from = None;
         for row in &walked {
@@ -400,6 +462,8 @@ impl PgStore {
                     row::get(row, column::AGGREGATE_TYPE)?,
                     row::get(row, column::AGGREGATE_ID)?,
                 );
+                // An expired hold's row carries its `from_seq` in `seq`.
+                released_from.push(row::get::<Option<i64>>(row, column::SEQ)?.unwrap_or(i64::MIN));
                 continue;
             }
             if let Some(skipped) = row::get::<Option<i64>>(row, walked::SKIPPED_FROM)? {
@@ -436,6 +500,13 @@ impl PgStore {
             .filter(|(_, again)| !again)
             .map(|(k, _)| k.row)
             .collect();
+        // Expired holds share the batch: each is read up to `run_len` events (a hot
+        // aggregate taken up alone moves a batch at a time).
+        let released_count = i64::try_from(released.types.len())
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let run_len = (limit / released_count).max(i64::from(sql::RELEASED_RUN));
+        let mut taken_up: HashMap<(String, String), TakenUp> = HashMap::new();
         if !window.types.is_empty() || !released.types.is_empty() {
             let again = sqlx::query(&self.sql().claim_runs)
                 .bind(&window.types)
@@ -444,76 +515,134 @@ impl PgStore {
                 .bind(window.to_seq)
                 .bind(&released.types)
                 .bind(&released.ids)
+                .bind(&released_from)
+                .bind(run_len)
                 .persistent(self.outbox.persistent())
                 .fetch_all(&mut *tx)
                 .await?;
+            for key in released
+                .types
+                .iter()
+                .cloned()
+                .zip(released.ids.iter().cloned())
+            {
+                taken_up.insert(key, TakenUp::default());
+            }
             for row in &again {
-                rows.push(RunRow::read_again(row)?);
+                let row = RunRow::read_again(row)?;
+                if let Some(taken) = taken_up.get_mut(&row.key()) {
+                    taken.read += 1;
+                    taken.last_read = taken.last_read.max(Some(row.event.seq));
+                }
+                rows.push(row);
             }
         }
-        let runs = Runs::cut(rows, self.config.after_dead_letter);
+        let runs = Runs::cut(rows, self.config.after_dead_letter, walk_start);
 
-        // Holds: aggregates whose oldest event waits; lifted: expired holds whose
-        // aggregate moves again (or has nothing left).
+        // Holds: aggregates whose oldest event waits.
         if !runs.holds.is_empty() {
             let t: Vec<&str> = runs.holds.iter().map(|h| h.key.0.as_str()).collect();
             let i: Vec<&str> = runs.holds.iter().map(|h| h.key.1.as_str()).collect();
             let u: Vec<Option<DateTime<Utc>>> = runs.holds.iter().map(|h| h.until).collect();
+            let f: Vec<i64> = runs.holds.iter().map(|h| h.from_seq).collect();
             sqlx::query(&self.sql().hold)
                 .bind(&t)
                 .bind(&i)
                 .bind(&u)
+                .bind(&f)
                 .persistent(self.outbox.persistent())
                 .execute(&mut *tx)
                 .await?;
         }
-        let held_now: HashSet<(&str, &str)> = runs
-            .holds
+        // Expired holds taken up: those held again are done; the others wait for
+        // the outcome of their events, unless they have none in this claim.
+        for hold in &runs.holds {
+            taken_up.remove(&hold.key);
+        }
+        for (key, seq) in &runs.cut_at {
+            if let Some(taken) = taken_up.get_mut(key) {
+                taken.cut_at = Some(*seq);
+            }
+        }
+        let with_events: HashSet<(&str, &str)> = runs
+            .events
             .iter()
-            .map(|h| (h.key.0.as_str(), h.key.1.as_str()))
+            .map(|e| (e.aggregate_type.as_str(), e.aggregate_id.as_str()))
             .collect();
-        let (lift_types, lift_ids): (Vec<&str>, Vec<&str>) = released
-            .types
-            .iter()
-            .zip(&released.ids)
-            .map(|(t, i)| (t.as_str(), i.as_str()))
-            .filter(|key| !held_now.contains(key))
-            .unzip();
-        if !lift_types.is_empty() {
-            sqlx::query(&self.sql().unhold)
-                .bind(&lift_types)
-                .bind(&lift_ids)
-                .persistent(self.outbox.persistent())
-                .execute(&mut *tx)
-                .await?;
+        let (now, later): (Vec<_>, Vec<_>) = taken_up
+            .into_iter()
+            .partition(|(key, _)| !with_events.contains(&(key.0.as_str(), key.1.as_str())));
+        let mut settled = HeldUpdates::default();
+        for (key, taken) in now {
+            settled.settle(key, &taken, run_len, walk_start, None);
         }
+        settled
+            .write(tx, self.sql(), self.outbox.persistent())
+            .await?;
+
         let mut events = runs.events;
         events.sort_by_key(|e| e.seq);
         // At least half full: a backlog goes on (failed and held rows make
         // claims of a backlog come back a little short).
         let claimed = i64::try_from(events.len()).unwrap_or(i64::MAX);
         self.shares.claimed(claimed.saturating_mul(2) >= limit);
-        Ok(events)
+        Ok(OrderedClaim {
+            events,
+            walk_start,
+            taken_up: later
+                .into_iter()
+                .map(|(key, taken)| (key, taken, run_len))
+                .collect(),
+        })
     }
 }
 
 impl PgStore {
-    /// Look at the front of the pending index and at the running transactions,
+    /// Look at the front of the pending index and at the running producers,
     /// which may move the walk start (see `walk_start.rs`).
     async fn observe_front(&self, tx: &mut PgConnection, from: i64) -> Result<()> {
+        let statement = if self.config.ordering {
+            &self.sql().walk_front_ordered
+        } else {
+            &self.sql().walk_front_unordered
+        };
         let started = Instant::now();
-        let row = sqlx::query(&self.sql().walk_front)
+        let row = sqlx::query(statement)
             .bind(from)
             .persistent(self.outbox.persistent())
             .fetch_one(&mut *tx)
             .await?;
+        let completed = Instant::now();
+        if row.try_get::<bool, _>("expired_holds")? {
+            // Unordered: dead letters retried below the start; walk from the
+            // beginning once (the holds go with this claim's transaction).
+            self.walk_start.go_back(i64::MIN, completed);
+            sqlx::query(&self.sql().drop_expired_holds)
+                .persistent(self.outbox.persistent())
+                .execute(&mut *tx)
+                .await?;
+            return Ok(());
+        }
         self.walk_start.observed(Observation {
             front: row.try_get("front")?,
             running: row.try_get("running")?,
             started,
-            completed: Instant::now(),
+            completed,
         });
         Ok(())
+    }
+
+    async fn count_pending(&self) -> Result<u64> {
+        let statement = if self.config.ordering {
+            &self.sql().count_pending_ordered
+        } else {
+            &self.sql().count_pending_unordered
+        };
+        let row = sqlx::raw_sql(&Sql::guarded(statement, self.walk_start.from()))
+            .fetch_one(&self.pool)
+            .await?;
+        let n: i64 = row.try_get(0)?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// This relay's share of a backlog for its next ordered claim, as (index,
@@ -601,25 +730,126 @@ fn stale_aggregates(kept: &[KeptRow]) -> HashSet<(&str, &str)> {
 /// bounding what a claim that finds nothing costs.
 const SCAN_WINDOW: i64 = 8;
 
+/// What an ordered claim took: its events, the walk start it used, and the expired
+/// holds it took up whose fate depends on how their events fare.
+struct OrderedClaim {
+    events: Vec<Event>,
+    walk_start: i64,
+    taken_up: Vec<((String, String), TakenUp, i64)>,
+}
+
+impl OrderedClaim {
+    fn empty(walk_start: i64) -> Self {
+        Self {
+            events: Vec::new(),
+            walk_start,
+            taken_up: Vec::new(),
+        }
+    }
+}
+
+/// An aggregate an ordered claim took up from an expired hold: how much of it the
+/// claim read (up to the run length it asked for).
+#[derive(Debug, Default)]
+struct TakenUp {
+    read: i64,
+    last_read: Option<i64>,
+    /// The run stopped at this event (not due, or a blocking dead letter) after
+    /// taking others.
+    cut_at: Option<i64>,
+}
+
+/// Expired holds taken up, lifted or kept (migration 7). A hold is lifted only when
+/// the claim read all of its aggregate's pending events and published them all:
+/// its events may lie below where walks start, so while any is left the hold
+/// stays, expired, and its `from_seq` moves up to the first event not published
+/// (never above the walk start: a producer that commits late numbers its event
+/// above it).
+#[derive(Default)]
+struct HeldUpdates {
+    lift_types: Vec<String>,
+    lift_ids: Vec<String>,
+    advance_types: Vec<String>,
+    advance_ids: Vec<String>,
+    advance_from: Vec<i64>,
+}
+
+impl HeldUpdates {
+    /// What becomes of the hold of `key`, taken up as `taken` (asking for
+    /// `run_len` events), whose first event in the claim that was not published
+    /// is `first_unpublished` (`None`: all were, or it had none).
+    fn settle(
+        &mut self,
+        key: (String, String),
+        taken: &TakenUp,
+        run_len: i64,
+        walk_start: i64,
+        first_unpublished: Option<i64>,
+    ) {
+        let complete = taken.read < run_len && taken.cut_at.is_none();
+        if complete && first_unpublished.is_none() {
+            self.lift_types.push(key.0);
+            self.lift_ids.push(key.1);
+            return;
+        }
+        let next = taken
+            .cut_at
+            .or_else(|| taken.last_read.map(|seq| seq.saturating_add(1)));
+        let from = first_unpublished
+            .or(next)
+            .map_or(walk_start, |seq| seq.min(walk_start));
+        self.advance_types.push(key.0);
+        self.advance_ids.push(key.1);
+        self.advance_from.push(from);
+    }
+
+    async fn write(self, conn: &mut PgConnection, sql: &Sql, persistent: bool) -> Result<()> {
+        if !self.lift_types.is_empty() {
+            sqlx::query(&sql.unhold)
+                .bind(&self.lift_types)
+                .bind(&self.lift_ids)
+                .persistent(persistent)
+                .execute(&mut *conn)
+                .await?;
+        }
+        if !self.advance_types.is_empty() {
+            sqlx::query(&sql.advance_held)
+                .bind(&self.advance_types)
+                .bind(&self.advance_ids)
+                .bind(&self.advance_from)
+                .persistent(persistent)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
 /// The runs read by an ordered claim, cut where they must stop.
 struct Runs {
     events: Vec<Event>,
     holds: Vec<Hold>,
+    /// Aggregates whose run stopped after taking events, at this event.
+    cut_at: Vec<((String, String), i64)>,
 }
 
 /// An aggregate to hold: its oldest event is not due before `until` (`None`: a
-/// blocking dead letter, looked at again after a recheck interval).
+/// blocking dead letter, looked at again after a recheck interval), and every
+/// pending event of it is at or after `from_seq`.
 struct Hold {
     key: (String, String),
     until: Option<DateTime<Utc>>,
+    from_seq: i64,
 }
 
 impl Runs {
     /// Cut each aggregate's rows (sorted here by aggregate, then seq) before the
     /// first row that is not due, or, with [`AfterDeadLetter::Block`],
     /// the first dead letter; with `Release`, dead letters are stepped over. An
-    /// aggregate whose very first row stops it is held.
-    fn cut(mut rows: Vec<RunRow>, after_dead_letter: AfterDeadLetter) -> Self {
+    /// aggregate whose very first row stops it is held, from that row or the
+    /// claim's `walk_start` if lower (a producer that commits late numbers its
+    /// event at or above the walk start).
+    fn cut(mut rows: Vec<RunRow>, after_dead_letter: AfterDeadLetter, walk_start: i64) -> Self {
         if rows
             .iter()
             .all(|row| row.waits_until.is_none() && !row.dead)
@@ -629,6 +859,7 @@ impl Runs {
             return Self {
                 events: rows.into_iter().map(|row| row.event).collect(),
                 holds: Vec::new(),
+                cut_at: Vec::new(),
             };
         }
         rows.sort_by(|a, b| {
@@ -640,6 +871,7 @@ impl Runs {
         });
         let mut events = Vec::with_capacity(rows.len());
         let mut holds = Vec::new();
+        let mut cut_at = Vec::new();
         let mut current: Option<(String, String)> = None;
         let mut taken = 0usize;
         let mut stopped = false;
@@ -670,9 +902,17 @@ impl Runs {
             match stop {
                 Some(until) => {
                     stopped = true;
+                    let seq = row.event.seq;
+                    let key = (row.event.aggregate_type, row.event.aggregate_id);
                     if taken == 0 {
-                        let key = (row.event.aggregate_type, row.event.aggregate_id);
-                        holds.push(Hold { key, until });
+                        let from_seq = seq.min(walk_start);
+                        holds.push(Hold {
+                            key,
+                            until,
+                            from_seq,
+                        });
+                    } else {
+                        cut_at.push((key, seq));
                     }
                 }
                 None => {
@@ -681,7 +921,11 @@ impl Runs {
                 }
             }
         }
-        Self { events, holds }
+        Self {
+            events,
+            holds,
+            cut_at,
+        }
     }
 }
 
@@ -701,6 +945,13 @@ impl RunRow {
             waits_until: row::get(row, walked::WAITS_UNTIL)?,
             dead: false,
         })
+    }
+
+    fn key(&self) -> (String, String) {
+        (
+            self.event.aggregate_type.clone(),
+            self.event.aggregate_id.clone(),
+        )
     }
 
     /// A row of step 2.
@@ -723,7 +974,7 @@ pub struct ClaimSql<'a> {
     /// Whether claims are ordered ([`PgStore::claim_ordered_on`]) or not (one
     /// statement, `claim_unordered`).
     pub ordered: bool,
-    /// Unordered claim; bind: limit.
+    /// Unordered claim; bind: limit, walk start (`i64::MIN`: the whole index).
     pub claim_unordered: &'a str,
     /// Records published events; bind: `uuid[]`.
     pub record: &'a str,
@@ -745,13 +996,11 @@ impl Store for PgStore {
         self.config.ordering
     }
 
+    /// Pending events: those at or after this relay's walk start, and those of
+    /// held aggregates below it, so that counting never reads the index entries
+    /// of published events below the start (vacuum may not have removed them).
     async fn pending(&self) -> Result<u64, StoreError> {
-        let row = sqlx::raw_sql(&self.sql().count_pending)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(Error::from)?;
-        let n: i64 = row.try_get(0).map_err(Error::from)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        Ok(self.count_pending().await?)
     }
 
     async fn wait_for_events(&self, timeout: Duration) {
@@ -781,6 +1030,10 @@ impl Store for PgStore {
 pub struct PgClaim {
     tx: Option<Transaction<'static, Postgres>>,
     events: Vec<Event>,
+    /// The walk start the claim used: bound of the holds it writes.
+    walk_start: i64,
+    /// Expired holds taken up, settled by the outcome of their events.
+    taken_up: Vec<((String, String), TakenUp, i64)>,
     sql: Arc<Sql>,
     config: StoreConfig,
     persistent: bool,
@@ -803,7 +1056,26 @@ impl PgClaim {
         let mut errors: Vec<String> = Vec::new();
         let mut delays_ms: Vec<f64> = Vec::new();
         let mut dead: Vec<bool> = Vec::new();
+        // Of the aggregates taken up from expired holds: failed (their holds are
+        // written with the failures), or the first event not published.
+        let mut outcomes: HashMap<(&str, &str), (bool, Option<i64>)> = self
+            .taken_up
+            .iter()
+            .map(|(key, _, _)| ((key.0.as_str(), key.1.as_str()), (false, None)))
+            .collect();
         for (event, decision) in self.events.iter().zip(decisions) {
+            if let Some((failed, first_unpublished)) =
+                outcomes.get_mut(&(event.aggregate_type.as_str(), event.aggregate_id.as_str()))
+            {
+                match &decision {
+                    Decision::Published => {}
+                    Decision::Retry { .. } | Decision::DeadLetter { .. } => *failed = true,
+                    Decision::HeldBack => {
+                        *first_unpublished =
+                            Some(first_unpublished.map_or(event.seq, |s| s.min(event.seq)));
+                    }
+                }
+            }
             match decision {
                 Decision::Published => published.push(event.id),
                 Decision::Retry { delay, error } => {
@@ -837,15 +1109,37 @@ impl PgClaim {
             let statement = self
                 .sql
                 .record_failures(self.config.ordering, self.config.after_dead_letter);
-            sqlx::query(statement)
+            let query = sqlx::query(statement)
                 .bind(&failed_ids)
                 .bind(&errors)
                 .bind(&delays_ms)
-                .bind(&dead)
-                .persistent(self.persistent)
-                .execute(&mut *tx)
-                .await?;
+                .bind(&dead);
+            // Ordered: the holds written with the failures start no higher than
+            // the claim's walk start.
+            let query = if self.config.ordering {
+                query.bind(self.walk_start)
+            } else {
+                query
+            };
+            query.persistent(self.persistent).execute(&mut *tx).await?;
         }
+        let mut settled = HeldUpdates::default();
+        for (key, taken, run_len) in &self.taken_up {
+            let (failed, first_unpublished) = outcomes
+                .get(&(key.0.as_str(), key.1.as_str()))
+                .copied()
+                .unwrap_or((false, None));
+            if !failed {
+                settled.settle(
+                    key.clone(),
+                    taken,
+                    *run_len,
+                    self.walk_start,
+                    first_unpublished,
+                );
+            }
+        }
+        settled.write(&mut tx, &self.sql, self.persistent).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -78,6 +78,27 @@ impl TestOutbox {
         })
     }
 
+    /// An outbox in a fresh schema with the migrations up to `version` applied and
+    /// no later ones: a database migrated by an earlier release, to test upgrades
+    /// ([`crate::migrate`] then applies the rest).
+    pub async fn migrated_to(version: i32) -> Result<Self> {
+        let pool = pool(16).await?;
+        let schema = format!("outbox_test_{}", uuid::Uuid::new_v4().simple());
+        let tables = Tables::in_schema(&schema)?;
+        let script = crate::migration_script(&tables, 0);
+        let end = script
+            .find(&format!("\n-- migration {}:", version + 1))
+            .unwrap_or(script.len());
+        let mut tx = pool.begin().await?;
+        sqlx::raw_sql(&script[..end]).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(Self {
+            outbox: Outbox::new(tables.clone()).with_unnamed_statements(!caches_statements(&pool)),
+            pool,
+            tables,
+        })
+    }
+
     /// A relay store on this outbox with the default configuration.
     pub fn store(&self) -> PgStore {
         PgStore::new(self.pool.clone(), self.tables.clone())

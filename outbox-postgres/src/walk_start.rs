@@ -1,41 +1,53 @@
-//! Where an ordered claim starts its walk of the pending index.
+//! Where a claim starts its walk of the pending index.
 //!
 //! A published row leaves the pending index only when vacuum removes its entry, so
 //! until then the index begins with entries of rows that are gone: a million after
-//! a million-event drain if autovacuum has not run, tens of thousands within a
-//! minute of live traffic. A walk from the beginning steps over all of them, on
-//! every claim and every wake-up probe.
+//! a million-event drain if autovacuum has not run, and every event published
+//! since the oldest snapshot in the cluster was taken while one is held (pg_dump, a
+//! long report, an idle client, a replica with `hot_standby_feedback`): vacuum may
+//! not remove what that snapshot could still see. A walk from the beginning steps
+//! over all of them, on every claim and every wake-up probe.
 //!
-//! Walks may start further on, at a `seq` below which nothing pending is or can
-//! still become visible. The danger is a producer that took its `seq` and has not
-//! committed yet (`seq` comes from a sequence when the row is inserted, and may be
-//! handed out well before the commit): a walk that started past its event would
-//! let a later event of the same aggregate go first. So a start is only adopted
-//! from what PostgreSQL shows, in three observations (the `walk_front` statement):
+//! Walks start further on, at a `seq` below which every pending event that is or
+//! can still become visible belongs to a held aggregate (ordered claims take those
+//! up through the holds table when the hold expires, from the hold's `from_seq`:
+//! migration 7); unordered walks keep every pending event above the start. The
+//! danger is a producer that took its `seq` and has not committed yet (`seq` comes
+//! from a sequence when the row is inserted, and may be handed out well before the
+//! commit): a walk that started past its event would let a later event of the same
+//! aggregate go first. So a start is only adopted from what PostgreSQL shows, in
+//! three observations (the `walk_front_*` statements):
 //!
 //! 1. An observation sees the *front*, the oldest pending event at or after the
-//!    current start (held and not-due events included), and the transactions
-//!    running once its snapshot was taken. A producer whose event is numbered
-//!    below the front and is invisible to that snapshot took its `seq` before the
-//!    front's event was committed, so it was running when the snapshot was taken:
-//!    it is in that list, or it ended before the list was read.
+//!    current start that walks must see (ordered: of an aggregate not held; not-due
+//!    events included), and the producers running once its snapshot was taken. A
+//!    producer whose event is numbered below the front and is invisible to that
+//!    snapshot took its `seq` before the front's event was committed, so it was
+//!    running when the snapshot was taken: it is in that list, or it ended before
+//!    the list was read.
 //! 2. A later observation (started after the first one completed) sees none of
-//!    those transactions running any more.
+//!    those producers running any more.
 //! 3. A third observation, started after the second completed, has a snapshot in
 //!    which every one of those producers' events is visible (or was rolled back).
 //!    The start becomes the lower of the first front and this observation's front.
 //!
-//! Transactions are listed by their virtual ids, which every transaction has from
-//! its start, not by transaction ids, which a producer gets only when it first
-//! writes (after its `seq` was taken). A long transaction anywhere in the cluster
-//! only keeps the start where it is.
+//! Producers are the transactions holding a lock on the events table's sequence,
+//! listed by their virtual ids: `nextval` takes that lock before it hands out a
+//! number and keeps it until the transaction ends, so a producer is listed from the
+//! moment it has a `seq`, before it has a transaction id. Other transactions,
+//! however long, do not keep the start in place (an earlier rule waited for every
+//! running transaction: one `REPEATABLE READ` session held for minutes made every
+//! claim step over everything published meanwhile). A producer that stays open
+//! after taking its `seq` (idle in transaction) does keep it in place, as it must.
 //!
-//! Events can re-enter the pending index below the start in one way the library
-//! does itself: a dead letter retried; `DeadLetters::retry` gives its aggregate an
-//! expired hold, which the claims take up through the aggregate index. Anything
-//! else (rows changed by hand in SQL) is found by the periodic walk from the
-//! beginning ([`FULL_WALK_EVERY`]). The identity sequence must keep its default
-//! `CACHE 1`: cached numbers are handed out out of order.
+//! Events re-enter the pending index below the start in two ways the library does
+//! itself, each with an expired hold on its aggregate: a dead letter retried or its
+//! aggregate's dead letter purged (`DeadLetters`). Anything else (rows changed by
+//! hand in SQL) is found by a look below the start every [`LOOK_BELOW_EVERY`] or
+//! less often, off the claim path: its cost grows with the index entries below the
+//! start, so it runs at most 1% of the time ([`LOOK_BELOW_SHARE`]). The identity
+//! sequence must keep its default `CACHE 1`: cached numbers are handed out out of
+//! order.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -45,9 +57,14 @@ use std::time::{Duration, Instant};
 /// third of a millisecond).
 pub(crate) const OBSERVE_EVERY: Duration = Duration::from_millis(25);
 
-/// How often the start goes back to the beginning of the index, so that events put
-/// back below it by hand are found within this time.
-pub(crate) const FULL_WALK_EVERY: Duration = Duration::from_secs(10);
+/// How often, at most, a relay looks below the start for pending events that no
+/// hold accounts for (put back by hand in SQL).
+pub(crate) const LOOK_BELOW_EVERY: Duration = Duration::from_secs(10);
+
+/// Under a held horizon the look below reads every index entry below the start:
+/// after a look that took `d`, the next waits at least `LOOK_BELOW_SPACING x d`, so
+/// that looking takes at most 1% of the time.
+const LOOK_BELOW_SPACING: u32 = 100;
 
 /// The walk start shared by the clones of one store.
 #[derive(Debug)]
@@ -62,8 +79,13 @@ struct State {
     /// A front waiting for its running transactions to end.
     candidate: Option<Candidate>,
     last_observed: Option<Instant>,
-    /// When the start last went back to the beginning.
+    /// When the start last went back (to the beginning or to an event found below
+    /// it): observations begun before then may have started past that event.
     reset_at: Instant,
+    /// When the next look below the start is due.
+    next_look: Instant,
+    /// A look below is running.
+    looking: bool,
 }
 
 #[derive(Debug)]
@@ -76,12 +98,13 @@ struct Candidate {
     all_ended_at: Option<Instant>,
 }
 
-/// What the `walk_front` statement returned.
+/// What a `walk_front_*` statement returned.
 #[derive(Debug)]
 pub(crate) struct Observation {
-    /// Oldest pending event at or after the start the observation was given.
+    /// Oldest pending event at or after the start the observation was given, of
+    /// those walks must see.
     pub(crate) front: Option<i64>,
-    /// Transactions running after the observation's snapshot was taken.
+    /// Producers running after the observation's snapshot was taken.
     pub(crate) running: Vec<String>,
     /// Just before the statement was sent.
     pub(crate) started: Instant,
@@ -97,19 +120,16 @@ impl WalkStart {
                 candidate: None,
                 last_observed: None,
                 reset_at: now,
+                next_look: now + LOOK_BELOW_EVERY,
+                looking: false,
             }),
         }
     }
 
     /// The start for a walk beginning `now`, and whether to observe the front
-    /// first. Goes back to the beginning every [`FULL_WALK_EVERY`].
+    /// first.
     pub(crate) fn plan(&self, now: Instant) -> (i64, bool) {
         let mut state = self.lock();
-        if now.saturating_duration_since(state.reset_at) >= FULL_WALK_EVERY {
-            state.from = i64::MIN;
-            state.candidate = None;
-            state.reset_at = now;
-        }
         let observe = state
             .last_observed
             .is_none_or(|last| now.saturating_duration_since(last) >= OBSERVE_EVERY);
@@ -155,6 +175,48 @@ impl WalkStart {
                     candidate.all_ended_at = Some(seen.completed);
                 }
             }
+        }
+    }
+
+    /// Walk from `seq` on (an event found below the start), or from the beginning
+    /// (`i64::MIN`), as of `now`; the start moves on again by observations begun
+    /// after `now`.
+    pub(crate) fn go_back(&self, seq: i64, now: Instant) {
+        let mut state = self.lock();
+        if seq < state.from {
+            state.from = seq;
+            state.candidate = None;
+            state.reset_at = now;
+        }
+    }
+
+    /// The start to look below now, if a look is due (and none is running): the
+    /// caller runs it and reports with [`WalkStart::looked_below`].
+    pub(crate) fn look_below_due(&self, now: Instant) -> Option<i64> {
+        let mut state = self.lock();
+        if state.looking || now < state.next_look {
+            return None;
+        }
+        if state.from == i64::MIN {
+            state.next_look = now + LOOK_BELOW_EVERY;
+            return None;
+        }
+        state.looking = true;
+        Some(state.from)
+    }
+
+    /// A look below the start begun at `started` ended at `completed`, finding the
+    /// oldest pending event no hold accounts for, if any (`None` too when it
+    /// failed: it is tried again at the next interval).
+    pub(crate) fn looked_below(&self, found: Option<i64>, started: Instant, completed: Instant) {
+        {
+            let mut state = self.lock();
+            state.looking = false;
+            let took = completed.saturating_duration_since(started);
+            state.next_look = completed + LOOK_BELOW_EVERY.max(took * LOOK_BELOW_SPACING);
+        }
+        if let Some(seq) = found {
+            self.go_back(seq, completed);
         }
     }
 
@@ -245,23 +307,61 @@ mod tests {
     }
 
     #[test]
-    fn the_start_goes_back_to_the_beginning_periodically() {
+    fn the_start_stays_where_it_is_however_long_nothing_moves_it() {
         let mut clock = Clock(Instant::now());
         let start = WalkStart::new(clock.0);
         for front in [10, 20, 30] {
             start.observed(clock.observation(Some(front), &[]));
         }
         assert_eq!(start.from(), 10);
-        let later = clock.tick() + FULL_WALK_EVERY;
-        assert_eq!(start.plan(later), (i64::MIN, true));
-        // An observation begun before the reset is ignored.
-        start.observed(Observation {
+        let much_later = clock.tick() + LOOK_BELOW_EVERY * 100;
+        assert_eq!(start.plan(much_later), (10, true));
+    }
+
+    #[test]
+    fn an_event_found_below_the_start_takes_it_back_there() {
+        let mut clock = Clock(Instant::now());
+        let start = WalkStart::new(clock.0);
+        for front in [10, 20, 30] {
+            start.observed(clock.observation(Some(front), &[]));
+        }
+        assert_eq!(start.from(), 10);
+        // Not due before the interval.
+        assert_eq!(start.look_below_due(clock.tick()), None);
+        let due = clock.tick() + LOOK_BELOW_EVERY;
+        assert_eq!(start.look_below_due(due), Some(10));
+        assert_eq!(start.look_below_due(due), None, "one look at a time");
+        // An observation begun before the look ended may have started past the
+        // event it found: it counts for nothing.
+        let early = Observation {
             front: Some(50),
             running: Vec::new(),
-            started: clock.0,
-            completed: later,
-        });
-        assert_eq!(start.from(), i64::MIN);
+            started: due,
+            completed: due + Duration::from_millis(2),
+        };
+        start.looked_below(Some(4), due, due + Duration::from_millis(1));
+        assert_eq!(start.from(), 4);
+        start.observed(early);
+        clock.0 = due + Duration::from_millis(3);
+        for front in [4, 4, 4] {
+            start.observed(clock.observation(Some(front), &[]));
+        }
+        assert_eq!(start.from(), 4);
+    }
+
+    #[test]
+    fn a_slow_look_below_waits_a_hundred_times_its_duration() {
+        let mut clock = Clock(Instant::now());
+        let start = WalkStart::new(clock.0);
+        for front in [10, 20, 30] {
+            start.observed(clock.observation(Some(front), &[]));
+        }
+        let due = clock.tick() + LOOK_BELOW_EVERY;
+        assert!(start.look_below_due(due).is_some());
+        let took = Duration::from_millis(500);
+        start.looked_below(None, due, due + took);
+        assert_eq!(start.look_below_due(due + took + LOOK_BELOW_EVERY), None);
+        assert!(start.look_below_due(due + took + took * 100).is_some());
     }
 
     #[test]

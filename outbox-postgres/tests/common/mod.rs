@@ -1,13 +1,15 @@
 //! Helpers shared by the PostgreSQL integration tests.
 #![allow(dead_code, unreachable_pub, missing_docs, clippy::unwrap_used)]
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use pgoutbox_core::{Publisher, Relay, RelayConfig, Store};
+use pgoutbox_core::{Event, Outcome, Publisher, Relay, RelayConfig, Store};
 use pgoutbox_postgres::testing::{retries, TestOutbox};
 use pgoutbox_postgres::{AfterDeadLetter, PgStore, StoreConfig};
 use tokio::sync::oneshot;
@@ -113,4 +115,49 @@ where
         let _ = stopped.await;
     })));
     (stop, running)
+}
+
+/// Fails a random 10% of publishes (retryable) and logs every success in order.
+#[derive(Default)]
+pub struct FlakyPublisher {
+    pub log: Mutex<Vec<Event>>,
+}
+
+impl Publisher for FlakyPublisher {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        let mut log = self.log.lock().unwrap();
+        events
+            .iter()
+            .map(|e| {
+                if fastrand::u8(0..10) == 0 {
+                    Outcome::retryable("random broker hiccup")
+                } else {
+                    log.push(e.clone());
+                    Outcome::Published
+                }
+            })
+            .collect()
+    }
+}
+
+/// The `seq`s of each aggregate's events in the order of their first publish in
+/// `published`, after checking that they come in insertion order.
+pub fn first_publishes_in_order(published: &[Event]) -> HashMap<String, Vec<i64>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut per_aggregate: HashMap<String, Vec<i64>> = HashMap::new();
+    for e in published {
+        if seen.insert(e.id) {
+            per_aggregate
+                .entry(e.aggregate_id.clone())
+                .or_default()
+                .push(e.seq);
+        }
+    }
+    for (aggregate, seqs) in &per_aggregate {
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "aggregate {aggregate} out of order: {seqs:?}"
+        );
+    }
+    per_aggregate
 }

@@ -235,6 +235,10 @@ async fn stats_of(settings: &Settings, target: &Target, as_json: bool) -> Result
         .await
         .map_err(failure::db("stats: in-flight probe"))?;
     let age = Duration::from_secs(stats.oldest_pending_age.as_secs());
+    let horizon = store
+        .horizon()
+        .await
+        .map_err(failure::db("stats: xmin horizon"))?;
     // WAL mode: how much WAL the slot's reader has not acknowledged yet.
     let slot_lag = match &settings.wal {
         Some(wal) => pgoutbox_postgres::wal::slot::lag_bytes(pool, &wal.slot)
@@ -260,6 +264,10 @@ async fn stats_of(settings: &Settings, target: &Target, as_json: bool) -> Result
             "oldest_pending_age_seconds": stats.oldest_pending_age.as_secs_f64(),
             "processed_last_hour": stats.processed_last_hour,
             "held_aggregates": stats.held_aggregates,
+            "oldest_snapshot_age_seconds": horizon.oldest_snapshot_age.map(|a| a.as_secs_f64()),
+            "oldest_snapshot_holder": horizon.oldest_snapshot_holder,
+            "xmin_age_transactions": horizon.xmin_age,
+            "producer_transaction_age_seconds": horizon.oldest_producer_age.map(|a| a.as_secs_f64()),
         });
         if let Some((slot, bytes)) = &slot_lag {
             line["wal_slot"] = json!(slot);
@@ -281,6 +289,24 @@ async fn stats_of(settings: &Settings, target: &Target, as_json: bool) -> Result
         println!("dead letters         {}", stats.dead_letters);
         println!("oldest pending age   {}", humantime::format_duration(age));
         println!("published last hour  {}{kept}", stats.processed_last_hour);
+        let whole = |age: Duration| humantime::format_duration(Duration::from_secs(age.as_secs()));
+        match (horizon.oldest_snapshot_age, &horizon.oldest_snapshot_holder) {
+            (Some(age), Some(holder)) => {
+                println!("oldest snapshot      {} ({holder})", whole(age));
+            }
+            (None, Some(holder)) => println!("oldest snapshot      {holder}"),
+            _ => println!("oldest snapshot      none"),
+        }
+        if let Some(xids) = horizon.xmin_age {
+            println!("  xmin horizon       {xids} transactions old (vacuum keeps what is newer)");
+        }
+        match horizon.oldest_producer_age {
+            Some(age) => println!(
+                "open producer        {} (claims wait for its event)",
+                whole(age)
+            ),
+            None => println!("open producer        none"),
+        }
         if let Some((slot, bytes)) = &slot_lag {
             println!("WAL slot {slot} lag  {bytes} bytes not yet acknowledged");
         }

@@ -15,6 +15,13 @@ pub(crate) const CLEANUP_DELETED: &str = "outbox_cleanup_deleted_total";
 /// Gauge (WAL mode): bytes of WAL the slot's reader has not acknowledged, which
 /// the server keeps for it.
 pub(crate) const WAL_SLOT_LAG: &str = "outbox_wal_slot_lag_bytes";
+/// Gauge: seconds the oldest transaction holding a snapshot in the cluster has
+/// run (0: none): vacuum removes nothing that snapshot may see, refreshed with
+/// [`DEAD_LETTERS`].
+pub(crate) const OLDEST_SNAPSHOT_AGE: &str = "outbox_oldest_snapshot_age_seconds";
+/// Gauge: seconds the oldest open transaction that took an event `seq` of the
+/// outbox has run (0: none): claims cannot start their walk past its event.
+pub(crate) const PRODUCER_TRANSACTION_AGE: &str = "outbox_producer_transaction_age_seconds";
 
 /// Seconds to publish and record one batch: up to a publish timeout.
 const BATCH_BUCKETS: &[f64] = &[
@@ -48,6 +55,8 @@ pub(crate) const ALL: &[&str] = &[
     OLDEST_PENDING_AGE,
     CLEANUP_DELETED,
     WAL_SLOT_LAG,
+    OLDEST_SNAPSHOT_AGE,
+    PRODUCER_TRANSACTION_AGE,
 ];
 
 /// Install the global recorder. Histograms get buckets (not summaries) so that
@@ -88,6 +97,16 @@ pub(crate) fn install(outboxes: &[String]) -> Result<PrometheusHandle, Failure> 
         WAL_SLOT_LAG,
         metrics::Unit::Bytes,
         "WAL mode: bytes of WAL the slot's reader has not acknowledged"
+    );
+    metrics::describe_gauge!(
+        OLDEST_SNAPSHOT_AGE,
+        metrics::Unit::Seconds,
+        "Age of the oldest transaction holding a snapshot in the cluster (vacuum waits for it)"
+    );
+    metrics::describe_gauge!(
+        PRODUCER_TRANSACTION_AGE,
+        metrics::Unit::Seconds,
+        "Age of the oldest open transaction that took an event seq of the outbox"
     );
     // Zero from the start, so alerts and rates see the series before the first event.
     // Labelled as the relays label them (`outbox` = each outbox's name); outboxes

@@ -384,6 +384,16 @@ async fn refresh_stats_once(members: &Members, wal_slot: Option<&pgoutbox_postgr
             }
             Err(error) => tracing::warn!(%error, %outbox, "cannot read outbox stats"),
         }
+        match member.store.horizon().await {
+            Ok(horizon) => {
+                let seconds = |age: Option<Duration>| age.unwrap_or_default().as_secs_f64();
+                metrics::gauge!(exporter::OLDEST_SNAPSHOT_AGE, "outbox" => outbox.clone())
+                    .set(seconds(horizon.oldest_snapshot_age));
+                metrics::gauge!(exporter::PRODUCER_TRANSACTION_AGE, "outbox" => outbox.clone())
+                    .set(seconds(horizon.oldest_producer_age));
+            }
+            Err(error) => tracing::warn!(%error, %outbox, "cannot read the xmin horizon"),
+        }
         if let Some(name) = wal_slot {
             match slot::lag_bytes(member.store.pool(), name).await {
                 Ok(Some(bytes)) => {

@@ -272,8 +272,7 @@ fn seconds(d: Option<Duration>, otherwise: &str) -> String {
 }
 
 /// The `outbox` binary to run, or an error saying how to build it.
-#[cfg(feature = "nats")]
-fn binary(given: Option<&PathBuf>) -> Result<PathBuf> {
+pub(crate) fn binary(given: Option<&PathBuf>) -> Result<PathBuf> {
     let candidates: Vec<PathBuf> = match given {
         Some(path) => vec![path.clone()],
         None => std::env::var_os("CARGO_TARGET_DIR")
@@ -289,8 +288,7 @@ fn binary(given: Option<&PathBuf>) -> Result<PathBuf> {
         .ok_or_else(|| {
             format!(
                 "the `outbox` binary is not at {candidates:?}; build it with \
-                 `cargo build --release -p pgoutbox-relay --no-default-features --features nats` \
-                 or pass --binary"
+                 `cargo build --release -p pgoutbox-relay` or pass --binary"
             )
             .into()
         })

@@ -7,6 +7,7 @@
 mod db;
 mod drain;
 mod group;
+mod horizon;
 mod latency;
 mod live;
 mod machine;
@@ -93,6 +94,9 @@ enum Scenario {
     Scaling(shapes::ScalingArgs),
     /// Ordered drain while 20,000 other aggregates are held, against none held.
     Held(shapes::HeldArgs),
+    /// Live traffic and a drain through the `outbox` binary while another session
+    /// holds a snapshot the whole time, against the same without the hold.
+    Horizon(horizon::HorizonArgs),
     /// Live traffic through `outbox relay` processes into NATS JetStream, from an
     /// emptied and analysed table (needs the `nats` feature).
     Live(live::LiveArgs),
@@ -151,6 +155,7 @@ async fn run(cli: Cli) -> Result<()> {
         Scenario::Backlog(args) => shapes::backlog_size(url, &args).await?,
         Scenario::Scaling(args) => shapes::scaling(url, &args).await?,
         Scenario::Held(args) => shapes::held(url, &args).await?,
+        Scenario::Horizon(args) => horizon::horizon(url, &args).await?,
         Scenario::Live(args) => live::live(url, &args).await?,
         Scenario::RssChild(args) => return resources::rss_child(url, &args).await,
     };

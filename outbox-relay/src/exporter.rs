@@ -15,6 +15,10 @@ pub(crate) const CLEANUP_DELETED: &str = "outbox_cleanup_deleted_total";
 /// Gauge (WAL mode): bytes of WAL the slot's reader has not acknowledged, which
 /// the server keeps for it.
 pub(crate) const WAL_SLOT_LAG: &str = "outbox_wal_slot_lag_bytes";
+/// Gauge (WAL mode): 1 while the slot can carry the outbox's events, 0 while it
+/// cannot (missing, another database's or plugin's, temporary, invalidated):
+/// then nothing is read from the WAL and producers are refused.
+pub(crate) const WAL_SLOT_USABLE: &str = "outbox_wal_slot_usable";
 
 /// Seconds to publish and record one batch: up to a publish timeout.
 const BATCH_BUCKETS: &[f64] = &[
@@ -48,6 +52,7 @@ pub(crate) const ALL: &[&str] = &[
     OLDEST_PENDING_AGE,
     CLEANUP_DELETED,
     WAL_SLOT_LAG,
+    WAL_SLOT_USABLE,
 ];
 
 /// Install the global recorder. Histograms get buckets (not summaries) so that
@@ -88,6 +93,10 @@ pub(crate) fn install(outboxes: &[String]) -> Result<PrometheusHandle, Failure> 
         WAL_SLOT_LAG,
         metrics::Unit::Bytes,
         "WAL mode: bytes of WAL the slot's reader has not acknowledged"
+    );
+    metrics::describe_gauge!(
+        WAL_SLOT_USABLE,
+        "WAL mode: 1 while the slot can carry the outbox's events, 0 while it cannot"
     );
     // Zero from the start, so alerts and rates see the series before the first event.
     // Labelled as the relays label them (`outbox` = each outbox's name); outboxes

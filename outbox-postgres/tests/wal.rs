@@ -858,3 +858,36 @@ async fn slots_that_cannot_carry_the_outbox_are_refused_with_what_was_found() {
 
     outbox.drop_schema().await.unwrap();
 }
+
+/// The hash ending a default slot name is PostgreSQL's `sha256()` of
+/// `<schema>.<table>@<database>` (as `wal::slot::default_name` documents), so SQL
+/// can name the slot too: checked for this database and for a name that needs
+/// replacing and cutting.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_slot_names_hash_is_the_servers_sha256() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let here: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(&outbox.pool)
+        .await
+        .unwrap();
+    for database in [
+        here.as_str(),
+        "Shop-EU \u{fc}n\u{ef}code with a long name, cut",
+    ] {
+        let hash: String = sqlx::query_scalar(
+            "SELECT left(encode(sha256(convert_to($1 || '@' || $2, 'UTF8')), 'hex'), 12)",
+        )
+        .bind(outbox.tables.outbox_name())
+        .bind(database)
+        .fetch_one(&outbox.pool)
+        .await
+        .unwrap();
+        let name = slot::default_name(database, &outbox.tables).unwrap();
+        assert!(
+            name.as_str().ends_with(&format!("_{hash}")),
+            "{name} for {database}"
+        );
+        assert!(name.as_str().len() <= 63);
+    }
+    outbox.drop_schema().await.unwrap();
+}

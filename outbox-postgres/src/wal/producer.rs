@@ -31,7 +31,7 @@ use crate::tables::Tables;
 /// use pgoutbox_postgres::{wal::WalOutbox, Tables};
 ///
 /// // Once, at start: fails when this database has no usable slot for the outbox.
-/// let outbox = WalOutbox::connect(&mut pool.acquire().await?, &Tables::default()).await?;
+/// let outbox = WalOutbox::connect(&mut *pool.acquire().await?, &Tables::default()).await?;
 /// let mut tx = pool.begin().await?;
 /// sqlx::query("INSERT INTO orders (id) VALUES (42)").execute(&mut *tx).await?;
 /// outbox
@@ -54,7 +54,7 @@ pub struct WalOutbox {
 impl WalOutbox {
     /// The WAL outbox of `tables` (its messages' prefix is
     /// `pgoutbox:<schema>.<events_table>`; the tables hold its parked events) in
-    /// the database `conn` is connected to (pass `&mut pool.acquire().await?` of
+    /// the database `conn` is connected to (pass `&mut *pool.acquire().await?` of
     /// a pool), writing for the slot the relay reads by default
     /// ([`slot::resolve`]: the outbox's default name in this database, or the
     /// former default name of a slot made by an earlier version). Fails with
@@ -160,7 +160,7 @@ impl WalOutbox {
     /// use pgoutbox_core::NewEvent;
     /// use pgoutbox_postgres::{wal::WalOutbox, Tables};
     ///
-    /// let outbox = WalOutbox::connect(&mut pool.acquire().await?, &Tables::default()).await?;
+    /// let outbox = WalOutbox::connect(&mut *pool.acquire().await?, &Tables::default()).await?;
     /// let mut tx = pool.begin().await?;
     /// sqlx::query("INSERT INTO orders (id) VALUES (42)").execute(&mut *tx).await?;
     /// let created = NewEvent::new("order", "42", "order.created", &serde_json::json!({"total": 10}));

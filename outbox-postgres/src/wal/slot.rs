@@ -397,7 +397,8 @@ mod tests {
             former_default_name(&t).unwrap().as_str(),
             "pgoutbox_public_outbox_events"
         );
-        let long = tables(&"s".repeat(40), "outbox_events");
-        assert!(former_default_name(&long).is_none());
+        // 9 + 40 + 14 bytes fit; one more does not.
+        assert!(former_default_name(&tables(&"s".repeat(40), "outbox_events")).is_some());
+        assert!(former_default_name(&tables(&"s".repeat(41), "outbox_events")).is_none());
     }
 }

@@ -193,6 +193,10 @@ async fn wait_until_ready(port: u16) {
         Some(1.0),
         "{metrics}"
     );
+    assert!(
+        sample(&metrics, "outbox_wal_slot_lag_bytes").is_some(),
+        "{metrics}"
+    );
 }
 
 /// Commit `transactions` transactions of `per_tx` events each with `wal` on `pool`;

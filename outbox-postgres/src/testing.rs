@@ -136,6 +136,14 @@ impl TestOutbox {
         crate::wal::WalOutbox::connect(&mut *self.pool.acquire().await?, &self.tables).await
     }
 
+    /// The WAL outbox of these tables for the slot named `slot`
+    /// ([`crate::wal::WalOutbox::connect_to_slot`]).
+    #[cfg(feature = "wal")]
+    pub async fn wal_to_slot(&self, slot: &crate::Ident) -> Result<crate::wal::WalOutbox> {
+        let mut conn = self.pool.acquire().await?;
+        crate::wal::WalOutbox::connect_to_slot(&mut conn, &self.tables, slot).await
+    }
+
     /// Drop the schema and everything in it.
     pub async fn drop_schema(&self) -> Result<()> {
         // Simple protocol: also right on a pool through a pooler (see `pooler.rs`).

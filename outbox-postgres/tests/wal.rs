@@ -598,6 +598,18 @@ fn test_slot_name() -> (Ident, DropSlot) {
     (name.clone(), DropSlot(name))
 }
 
+/// A slot of its own (see [`test_slot_name`]) made on `conn` by `create`, an SQL
+/// call taking the name as `$1`.
+async fn slot_made_by(conn: &mut sqlx::PgConnection, create: &str) -> (Ident, DropSlot) {
+    let (name, cleanup) = test_slot_name();
+    sqlx::query(&format!("SELECT {create}"))
+        .bind(name.as_str())
+        .execute(conn)
+        .await
+        .unwrap();
+    (name, cleanup)
+}
+
 struct DropSlot(Ident);
 
 impl Drop for DropSlot {
@@ -612,6 +624,39 @@ impl Drop for DropSlot {
 async fn count(pool: &sqlx::PgPool, table: &str) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
     rows(&mut conn, table).await
+}
+
+/// Two transactions on `pool`, each inserting a row into a business table of
+/// `schema` and then writing with `wal`, one with `enqueue_many`, one with
+/// `commit`: both writes are refused with a reason containing `expected`, and
+/// since each refused statement aborted its transaction, neither business row is
+/// committed.
+async fn assert_writes_refused(
+    pool: &sqlx::PgPool,
+    schema: &Ident,
+    wal: &WalOutbox,
+    expected: &str,
+) {
+    let business = format!("{schema}.business");
+    sqlx::query(&format!("CREATE TABLE {business} (n int)"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let insert = format!("INSERT INTO {business} VALUES (1)");
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+    let reason = refusal(
+        wal.enqueue_many(&mut tx, &[event("a", 2), event("b", 1)])
+            .await,
+    );
+    assert!(reason.contains(expected), "{reason}");
+    // Its COMMIT rolls back.
+    let _ = tx.commit().await;
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+    let reason = refusal(wal.commit(tx, &[event("a", 3)]).await);
+    assert!(reason.contains(expected), "{reason}");
+    assert_eq!(count(pool, &business).await, 0, "a refused write committed");
 }
 
 /// `Error::WalSlot`'s reason, or a panic naming what came instead.
@@ -683,27 +728,7 @@ async fn a_slot_of_another_database_is_refused_and_nothing_commits() {
     // This database's WAL outbox writing on the other database's connections:
     // each write refused in its statement; the transactions commit nothing.
     let wal = outbox.wal().await.unwrap();
-    let business = format!("{}.business", outbox.tables.schema());
-    sqlx::query(&format!("CREATE TABLE {business} (n int)"))
-        .execute(&other.pool)
-        .await
-        .unwrap();
-    let insert = format!("INSERT INTO {business} VALUES (1)");
-    let mut tx = other.pool.begin().await.unwrap();
-    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
-    let reason = refusal(wal.enqueue(&mut tx, &event("a", 1)).await);
-    assert!(reason.contains(&owner), "{reason}");
-    // The statement failed: the transaction is aborted, its COMMIT rolls back.
-    let _ = tx.commit().await;
-    let mut tx = other.pool.begin().await.unwrap();
-    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
-    let reason = refusal(wal.commit(tx, &[event("a", 2)]).await);
-    assert!(reason.contains(&owner), "{reason}");
-    assert_eq!(
-        count(&other.pool, &business).await,
-        0,
-        "a refused write committed"
-    );
+    assert_writes_refused(&other.pool, outbox.tables.schema(), &wal, &owner).await;
 
     outbox.drop_schema().await.unwrap();
 }
@@ -719,10 +744,7 @@ async fn a_write_for_a_dropped_slot_fails_and_reaches_no_slot() {
     slot::create(&outbox.pool, &name, &reader.publication)
         .await
         .unwrap();
-    let mut conn = outbox.pool.acquire().await.unwrap();
-    let wal = WalOutbox::connect_to_slot(&mut conn, &outbox.tables, &name)
-        .await
-        .unwrap();
+    let wal = outbox.wal_to_slot(&name).await.unwrap();
     assert_eq!(wal.slot(), &name);
     let written = event("a", 1);
     let tx = outbox.pool.begin().await.unwrap();
@@ -737,32 +759,12 @@ async fn a_write_for_a_dropped_slot_fails_and_reaches_no_slot() {
         .execute(&outbox.pool)
         .await
         .unwrap();
-    let business = format!("{}.business", outbox.tables.schema());
-    sqlx::query(&format!("CREATE TABLE {business} (n int)"))
-        .execute(&outbox.pool)
-        .await
-        .unwrap();
-    let insert = format!("INSERT INTO {business} VALUES (1)");
     let missing = format!("no replication slot {name} exists");
-    let mut tx = outbox.pool.begin().await.unwrap();
-    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
-    let reason = refusal(
-        wal.enqueue_many(&mut tx, &[event("a", 2), event("b", 1)])
-            .await,
-    );
-    assert!(reason.contains(&missing), "{reason}");
-    let _ = tx.commit().await;
-    let mut tx = outbox.pool.begin().await.unwrap();
-    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
-    let reason = refusal(wal.commit(tx, &[event("a", 3)]).await);
-    assert!(reason.contains(&missing), "{reason}");
-    assert_eq!(
-        count(&outbox.pool, &business).await,
-        0,
-        "a refused write committed"
-    );
+    assert_writes_refused(&outbox.pool, outbox.tables.schema(), &wal, &missing).await;
+    let mut conn = outbox.pool.acquire().await.unwrap();
     let reason = refusal(wal.verify(&mut conn).await);
     assert!(reason.contains(&missing), "{reason}");
+    drop(conn);
 
     assert_next_read_is_a_new_marker(&outbox, &mut stream).await;
     close(stream, &outbox).await;
@@ -780,10 +782,7 @@ async fn slots_that_cannot_carry_the_outbox_are_refused_with_what_was_found() {
     let outbox = TestOutbox::new().await.unwrap();
     let connect = |name: Ident| {
         let outbox = outbox.clone();
-        async move {
-            let mut conn = outbox.pool.acquire().await.unwrap();
-            WalOutbox::connect_to_slot(&mut conn, &outbox.tables, &name).await
-        }
+        async move { outbox.wal_to_slot(&name).await }
     };
 
     // Being created: the server waits for a transaction that holds an id.
@@ -817,12 +816,12 @@ async fn slots_that_cannot_carry_the_outbox_are_refused_with_what_was_found() {
     connect(creating.clone()).await.unwrap();
 
     // Another output plugin: also refused by create.
-    let (decoding, _cleanup) = test_slot_name();
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'test_decoding')")
-        .bind(decoding.as_str())
-        .execute(&outbox.pool)
-        .await
-        .unwrap();
+    let mut conn = outbox.pool.acquire().await.unwrap();
+    let (decoding, _cleanup) = slot_made_by(
+        &mut conn,
+        "pg_create_logical_replication_slot($1, 'test_decoding')",
+    )
+    .await;
     let reason = refusal(connect(decoding.clone()).await);
     assert!(
         reason.contains("uses the output plugin test_decoding"),
@@ -832,29 +831,25 @@ async fn slots_that_cannot_carry_the_outbox_are_refused_with_what_was_found() {
     let reason = refusal(slot::create(&outbox.pool, &decoding, &publication).await);
     assert!(reason.contains("test_decoding"), "{reason}");
 
+    // Physical (reserving no WAL).
+    let (physical, _cleanup) =
+        slot_made_by(&mut conn, "pg_create_physical_replication_slot($1)").await;
+    let reason = refusal(connect(physical.clone()).await);
+    assert!(reason.contains("is a physical slot"), "{reason}");
+    drop(conn);
+
     // Temporary: it lives as long as the session that made it.
-    let (temporary, _cleanup) = test_slot_name();
     let mut session = sqlx::PgConnection::connect(&pgoutbox_postgres::testing::database_url())
         .await
         .unwrap();
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput', true)")
-        .bind(temporary.as_str())
-        .execute(&mut session)
-        .await
-        .unwrap();
+    let (temporary, _cleanup) = slot_made_by(
+        &mut session,
+        "pg_create_logical_replication_slot($1, 'pgoutput', true)",
+    )
+    .await;
     let reason = refusal(connect(temporary.clone()).await);
     assert!(reason.contains("is temporary"), "{reason}");
     session.close().await.unwrap();
-
-    // Physical (reserving no WAL).
-    let (physical, _cleanup) = test_slot_name();
-    sqlx::query("SELECT pg_create_physical_replication_slot($1)")
-        .bind(physical.as_str())
-        .execute(&outbox.pool)
-        .await
-        .unwrap();
-    let reason = refusal(connect(physical.clone()).await);
-    assert!(reason.contains("is a physical slot"), "{reason}");
 
     outbox.drop_schema().await.unwrap();
 }

@@ -181,20 +181,22 @@ fn migrated_slot(output: &str) -> String {
         .to_string()
 }
 
-/// Wait until the relay on `port` is ready, with its slot gauge at 1.
+/// Wait until the relay on `port` is ready and its first stats refresh reported
+/// the slot's lag; its slot gauge is then 1.
 async fn wait_until_ready(port: u16) {
     wait_for("/readyz 200", WAIT, || {
         get(port, "/readyz").map(|r| r.0) == Some(200)
     })
     .await;
-    let metrics = get(port, "/metrics").unwrap().1;
+    let mut metrics = String::new();
+    wait_for("the slot's lag in /metrics", WAIT, || {
+        metrics = get(port, "/metrics").map(|r| r.1).unwrap_or_default();
+        sample(&metrics, "outbox_wal_slot_lag_bytes").is_some()
+    })
+    .await;
     assert_eq!(
         sample(&metrics, "outbox_wal_slot_usable"),
         Some(1.0),
-        "{metrics}"
-    );
-    assert!(
-        sample(&metrics, "outbox_wal_slot_lag_bytes").is_some(),
         "{metrics}"
     );
 }
@@ -407,11 +409,7 @@ async fn a_slot_made_under_the_former_default_name_keeps_its_events_across_the_u
     slot::create(&outbox.pool, &former, &publication)
         .await
         .unwrap();
-    let mut conn = outbox.pool.acquire().await.unwrap();
-    let before_upgrade = WalOutbox::connect_to_slot(&mut conn, &outbox.tables, &former)
-        .await
-        .unwrap();
-    drop(conn);
+    let before_upgrade = outbox.wal_to_slot(&former).await.unwrap();
     let mut written = write(&outbox.pool, &before_upgrade, 3, 10).await;
 
     let (config, port) = wal_config(&database_url(), outbox.tables.schema().as_str(), "");

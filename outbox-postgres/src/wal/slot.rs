@@ -378,26 +378,17 @@ mod tests {
     }
 
     #[test]
-    fn default_publications_keep_the_plain_name_when_it_fits() {
+    fn the_plain_name_is_the_default_publication_and_the_former_default_slot() {
         let t = tables("public", "outbox_events");
-        assert_eq!(
-            default_publication(&t).unwrap().as_str(),
-            "pgoutbox_public_outbox_events"
-        );
+        for name in [default_publication(&t).ok(), former_default_name(&t)] {
+            assert_eq!(name.unwrap().as_str(), "pgoutbox_public_outbox_events");
+        }
+        // Publications longer than 63 bytes are cut and hashed.
         let long = default_publication(&tables(&"s".repeat(44), "outbox_events")).unwrap();
         let longer = default_publication(&tables(&"s".repeat(45), "outbox_events")).unwrap();
         assert_eq!(long.as_str().len(), MAX_IDENT_LEN);
         assert_ne!(long, longer);
-    }
-
-    #[test]
-    fn the_former_default_name_is_kept_for_upgrades() {
-        let t = tables("public", "outbox_events");
-        assert_eq!(
-            former_default_name(&t).unwrap().as_str(),
-            "pgoutbox_public_outbox_events"
-        );
-        // 9 + 40 + 14 bytes fit; one more does not.
+        // A former slot name of 9 + 40 + 14 bytes fits; one more does not.
         assert!(former_default_name(&tables(&"s".repeat(40), "outbox_events")).is_some());
         assert!(former_default_name(&tables(&"s".repeat(41), "outbox_events")).is_none());
     }

@@ -14,9 +14,9 @@
 //! - [`create`] refuses a slot of that name that exists and cannot carry this
 //!   database's events (another database's, another plugin's, a temporary or an
 //!   invalidated one), and changes nothing then;
-//! - producers check the slot when built and in every write
-//!   ([`guard_sql`]): a write that nothing would read fails its statement, so its
-//!   transaction cannot commit.
+//! - producers check the slot when built and in every write, in the statement
+//!   that writes: a write that nothing would read fails, so its transaction
+//!   cannot commit.
 
 use sha2::{Digest, Sha256};
 use sqlx::{Executor, PgConnection, PgExecutor, PgPool, Row};
@@ -225,10 +225,12 @@ pub(crate) fn refusal(error: sqlx::Error, slot: &Ident) -> Error {
     }
 }
 
-/// Why `slot` cannot carry the WAL outbox of the database `conn` is connected to;
-/// `None` when it can (see [`problem_sql`]). A simple query (the name as a
-/// literal): it also answers through a transaction pooler, where a prepared
-/// statement's round trips may meet different server connections.
+/// Why `slot` cannot carry the WAL outbox of the database `conn` is connected to,
+/// with what to do; `None` when it can: when it is a logical slot of this
+/// database, with the plugin `pgoutput`, not temporary, not invalidated, and
+/// created completely. A simple query (the name as a literal): it also answers
+/// through a transaction pooler, where a prepared statement's round trips may
+/// meet different server connections.
 pub async fn problem(conn: &mut PgConnection, slot: &Ident) -> Result<Option<String>> {
     let sql = format!("SELECT {}", problem_sql(&literal(slot.as_str())));
     // No arguments: sent as a simple query.

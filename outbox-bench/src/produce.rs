@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use pgoutbox_core::NullPublisher;
-use pgoutbox_postgres::wal::WalOutbox;
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
 
@@ -58,7 +57,13 @@ pub(crate) async fn write_for(
                 "INSERT INTO {}.orders (customer, total) VALUES ($1, $2)",
                 crate::db::SCHEMA
             );
-            let wal = WalOutbox::new(&bench.tables);
+            // WAL work writes for the benchmark's slot, which the caller made.
+            let wal = match work {
+                Work::WithWalEvent | Work::WithWalEventAtCommit => {
+                    Some(crate::wal::producer(&mut conn, bench).await?)
+                }
+                _ => None,
+            };
             let mut i = w as u64 * 1_000_000_000;
             loop {
                 let now = Instant::now();
@@ -78,6 +83,7 @@ pub(crate) async fn write_for(
                         bench.outbox.enqueue(&mut tx, &event(i, 10_000)).await?;
                     }
                     Work::WithWalEvent => {
+                        let wal = wal.as_ref().ok_or("no WAL outbox")?;
                         wal.enqueue(&mut tx, &event(i, 10_000)).await?;
                     }
                     Work::TwoBusinessRows => {
@@ -89,6 +95,7 @@ pub(crate) async fn write_for(
                     }
                 }
                 if work == Work::WithWalEventAtCommit {
+                    let wal = wal.as_ref().ok_or("no WAL outbox")?;
                     wal.commit(tx, &[event(i, 10_000)]).await?;
                 } else {
                     tx.commit().await?;

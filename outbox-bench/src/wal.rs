@@ -93,6 +93,13 @@ pub(crate) async fn drop_slot(bench: &Bench) -> Result<Ident> {
     Ok(name)
 }
 
+/// The benchmark's WAL producer on `conn`'s database, for its slot (which must
+/// exist: [`fresh_slot`]).
+pub(crate) async fn producer(conn: &mut sqlx::PgConnection, bench: &Bench) -> Result<WalOutbox> {
+    let slot = Ident::new("slot", SLOT)?;
+    Ok(WalOutbox::connect_to_slot(conn, &bench.tables, &slot).await?)
+}
+
 /// A fresh slot for the benchmark's outbox (a leftover of an earlier run dropped).
 pub(crate) async fn fresh_slot(bench: &Bench) -> Result<(Ident, WalSource)> {
     let name = drop_slot(bench).await?;
@@ -124,7 +131,16 @@ async fn offered_while<S: Store>(
 ) -> Result<Vec<(Uuid, Instant)>> {
     let publisher = relay.publisher();
     // One event per transaction, into the table or into the WAL.
-    let outbox = bench.outbox.clone().with_wal(matches!(under, Under::Wal));
+    let outbox = match under {
+        Under::Table => bench.outbox.clone(),
+        Under::Wal => {
+            let mut conn = bench.pool.acquire().await?;
+            bench
+                .outbox
+                .clone()
+                .with_wal(producer(&mut conn, bench).await?)?
+        }
+    };
     run_while(relay, async {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let committed = produce_at_rate(&bench.pool, &outbox, rate, total).await?;
@@ -159,8 +175,8 @@ fn percentiles(committed: &[(Uuid, Instant)], published: &Stamping) -> Result<(f
 /// Write `n` events to the WAL (10,000 aggregates) in transactions of 5,000,
 /// then checkpoint.
 pub(crate) async fn emit_backlog(bench: &Bench, n: u64) -> Result<()> {
-    let wal = WalOutbox::new(&bench.tables);
     let mut conn = bench.pool.acquire().await?;
+    let wal = producer(&mut conn, bench).await?;
     for chunk in (0..n).collect::<Vec<_>>().chunks(5000) {
         let events: Vec<_> = chunk.iter().map(|&i| event(i, 10_000)).collect();
         wal.enqueue_many(&mut conn, &events).await?;
@@ -183,6 +199,9 @@ pub(crate) async fn wal(url: &str, args: &WalArgs) -> Result<Report> {
     let table_alone = write_for(&bench, args.writers, duration, Work::WithEvent).await?;
     bench.reset().await?;
     progress("WAL mode, no relay");
+    // Producers write only while a slot can read their events: one that nobody
+    // reads during these phases (dropped by the next phase's fresh one).
+    fresh_slot(&bench).await?;
     let wal_alone = write_for(&bench, args.writers, duration, Work::WithWalEvent).await?;
     bench.reset().await?;
     progress("WAL mode in the commit's round trip, no relay");

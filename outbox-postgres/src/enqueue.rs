@@ -32,8 +32,9 @@ use crate::tables::Tables;
 ///
 /// With the feature `wal`, [`Outbox::with_wal`] switches the same writer to the
 /// WAL outbox (events as transactional logical messages, no table row): one
-/// setting, the calls unchanged; the relay then reads a replication slot
-/// (`docs/design.md`, *Two modes*).
+/// setting, the calls unchanged; the relay then reads a replication slot, which
+/// the WAL outbox checks when connected and at every write (`docs/design.md`,
+/// *Two modes*).
 #[derive(Debug, Clone)]
 pub struct Outbox {
     sql: Arc<Sql>,
@@ -64,14 +65,24 @@ impl Outbox {
         }
     }
 
-    /// Write events to the WAL (`true`, [`crate::wal::WalOutbox`]) or to the
-    /// outbox table (`false`, the default). In WAL mode an event with
-    /// `not_before` is refused: a WAL message is published as soon as it commits.
+    /// Write events to the WAL through `wal` instead of the outbox table (the
+    /// default): the same calls, each event a transactional logical message. `wal`
+    /// is this outbox's ([`crate::wal::WalOutbox::connect`] with the same
+    /// tables, which checks the database's slot), else
+    /// [`crate::Error::InvalidConfig`]. In WAL mode an event with `not_before` is
+    /// refused: a WAL message is published as soon as it commits.
     #[cfg(feature = "wal")]
-    #[must_use]
-    pub fn with_wal(mut self, wal: bool) -> Self {
-        self.wal = wal.then(|| crate::wal::WalOutbox::new(&self.tables));
-        self
+    pub fn with_wal(mut self, wal: crate::wal::WalOutbox) -> Result<Self> {
+        let expected = crate::wal::WalMessage::prefix(&self.tables);
+        if wal.prefix() != expected {
+            return Err(crate::Error::InvalidConfig(format!(
+                "with_wal: the WAL outbox writes messages `{}`, this outbox's are `{expected}`: \
+                 connect it with the same tables",
+                wal.prefix()
+            )));
+        }
+        self.wal = Some(wal);
+        Ok(self)
     }
 
     /// Whether events go to the WAL ([`Outbox::with_wal`]).

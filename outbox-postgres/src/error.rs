@@ -43,6 +43,19 @@ pub enum Error {
     /// `not_before`, which needs the table), or the server is not set up for it.
     #[error("WAL outbox: {0}")]
     Wal(String),
+    /// The WAL outbox's replication slot is missing or cannot carry this
+    /// database's events (another database's, another plugin's, temporary,
+    /// invalidated, still being created): events written now would never be
+    /// published. Nothing was written; a write refused this way failed its
+    /// statement, so its transaction cannot commit. `reason` says what was found
+    /// and what to do.
+    #[error("WAL outbox: {reason}")]
+    WalSlot {
+        /// The slot looked for.
+        slot: String,
+        /// What is wrong with it, and what to do.
+        reason: String,
+    },
 }
 
 impl Error {

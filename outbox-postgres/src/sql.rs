@@ -54,21 +54,33 @@ const BLOCKED_RECHECK: &str = "interval '60 seconds'";
 pub(crate) const RELEASED_RUN: i32 = 16;
 
 /// Writes WAL messages with prefix `$1`, one per element of `$2`, emitted as the
-/// scan of `unnest` yields them: in array order.
+/// scan of `unnest` yields them: in array order. `guard` (`wal::slot::guard_sql`
+/// for the slot named by `$3`) fails the statement when no slot would read them.
 #[cfg(feature = "wal")]
-pub(crate) const WAL_EMIT: &str = "SELECT count(pg_logical_emit_message(true, $1, content)) \
-     FROM unnest($2::text[]) AS m(content)";
+pub(crate) fn wal_emit(guard: &str) -> String {
+    format!(
+        "SELECT count(pg_logical_emit_message(true, $1, content)) \
+         FROM unnest($2::text[]) AS m(content) WHERE {guard}"
+    )
+}
 
 /// Writes WAL messages and commits, as one simple query (one round trip).
 /// Parameters cannot be bound there, so prefix and contents go as escaped
-/// literals. The trailing `BEGIN` opens an empty transaction for the caller's
+/// literals. `guard` (`wal::slot::guard_sql` with the slot as a literal) comes
+/// first: when it fails, the server skips the rest of the query, the commit
+/// included. The trailing `BEGIN` opens an empty transaction for the caller's
 /// sqlx `Transaction`, which still counts itself open, to roll back when dropped
 /// (a `ROLLBACK` outside a transaction would log a warning); that `ROLLBACK` is
 /// queued and sent with the connection's next statement.
 #[cfg(feature = "wal")]
-pub(crate) fn wal_emit_and_commit(prefix: &str, contents: &[String]) -> String {
+pub(crate) fn wal_emit_and_commit(guard: &str, prefix: &str, contents: &[String]) -> String {
     let prefix = literal(prefix);
-    let mut sql = String::with_capacity(contents.iter().map(|c| c.len() + 80).sum());
+    let mut sql = String::with_capacity(
+        guard.len() + 8 + contents.iter().map(|c| c.len() + 80).sum::<usize>(),
+    );
+    sql.push_str("SELECT ");
+    sql.push_str(guard);
+    sql.push(';');
     for content in contents {
         sql.push_str("SELECT pg_logical_emit_message(true, ");
         sql.push_str(&prefix);
@@ -83,7 +95,7 @@ pub(crate) fn wal_emit_and_commit(prefix: &str, contents: &[String]) -> String {
 /// `text` as an escape-string literal (`E'...'`), read the same whatever
 /// `standard_conforming_strings` says.
 #[cfg(feature = "wal")]
-fn literal(text: &str) -> String {
+pub(crate) fn literal(text: &str) -> String {
     let mut quoted = String::with_capacity(text.len() + 4);
     quoted.push_str("E'");
     for c in text.chars() {

@@ -139,11 +139,7 @@ impl TestOutbox {
         let ids = match writer {
             Writer::Table => self.outbox.enqueue_many(&mut tx, events).await?,
             #[cfg(feature = "wal")]
-            Writer::Wal => {
-                crate::wal::WalOutbox::new(&self.tables)
-                    .enqueue_many(&mut tx, events)
-                    .await?
-            }
+            Writer::Wal => self.wal().await?.enqueue_many(&mut tx, events).await?,
         };
         if commit {
             tx.commit().await?;
@@ -151,6 +147,22 @@ impl TestOutbox {
             tx.rollback().await?;
         }
         Ok(ids)
+    }
+
+    /// The WAL outbox of these tables, for the slot the relay reads by default
+    /// ([`crate::wal::slot::resolve`]; [`TestSlot::create`] makes it): fails when
+    /// the database has no usable slot for it.
+    #[cfg(feature = "wal")]
+    pub async fn wal(&self) -> Result<crate::wal::WalOutbox> {
+        crate::wal::WalOutbox::connect(&mut *self.pool.acquire().await?, &self.tables).await
+    }
+
+    /// The WAL outbox of these tables for the slot named `slot`
+    /// ([`crate::wal::WalOutbox::connect_to_slot`]).
+    #[cfg(feature = "wal")]
+    pub async fn wal_to_slot(&self, slot: &crate::Ident) -> Result<crate::wal::WalOutbox> {
+        let mut conn = self.pool.acquire().await?;
+        crate::wal::WalOutbox::connect_to_slot(&mut conn, &self.tables, slot).await
     }
 
     /// Drop the schema and everything in it.
@@ -172,7 +184,8 @@ impl TestOutbox {
 pub enum Writer {
     /// Into the outbox table.
     Table,
-    /// To the WAL, as transactional logical messages.
+    /// To the WAL, as transactional logical messages, for the outbox's default
+    /// slot ([`TestOutbox::wal`]).
     #[cfg(feature = "wal")]
     Wal,
 }
@@ -223,7 +236,7 @@ where
 }
 
 #[cfg(feature = "wal")]
-pub use slot_guard::{drop_slot_when_released, TestSlot};
+pub use slot_guard::{drop_slot_when_released, TestDatabase, TestSlot};
 
 #[cfg(feature = "wal")]
 mod slot_guard {
@@ -235,13 +248,15 @@ mod slot_guard {
     use crate::ident::Ident;
     use crate::wal::{slot, WalOutbox, WalSource, WalStream};
 
-    /// A slot and publication of its own, dropped at the end of the test (also when
-    /// it fails: an abandoned slot would keep WAL on the server for ever).
+    /// The outbox's slot (its default name in the test database, so that
+    /// [`TestOutbox::wal`] finds it) and a publication of its own, dropped at the
+    /// end of the test (also when it fails: an abandoned slot would keep WAL on the
+    /// server for ever).
     #[derive(Debug)]
     pub struct TestSlot {
-        /// The slot, `outbox_test_wal_<random>`.
+        /// The slot, `pgoutbox_<database>_<schema>_outbox_events_<hash>`.
         pub slot: Ident,
-        /// Its publication, named like it.
+        /// Its publication, `outbox_test_wal_<random>`.
         pub publication: Ident,
     }
 
@@ -250,11 +265,15 @@ mod slot_guard {
         /// must be `logical`).
         pub async fn create(outbox: &TestOutbox) -> Self {
             let id = &Uuid::new_v4().simple().to_string()[..12];
+            let mut conn = outbox.pool.acquire().await.expect("a connection");
             let this = Self {
-                slot: Ident::new("slot", &format!("outbox_test_wal_{id}")).expect("a valid name"),
+                slot: slot::resolve(&mut conn, &outbox.tables, None)
+                    .await
+                    .expect("the outbox's slot name"),
                 publication: Ident::new("publication", &format!("outbox_test_wal_{id}"))
                     .expect("a valid name"),
             };
+            drop(conn);
             let created = slot::create(&outbox.pool, &this.slot, &this.publication)
                 .await
                 .unwrap_or_else(|e| panic!("cannot create the test slot: {e}"));
@@ -292,6 +311,75 @@ mod slot_guard {
     impl Drop for TestSlot {
         fn drop(&mut self) {
             drop_slot_when_released(self.slot.clone(), self.publication.clone());
+        }
+    }
+
+    /// A database of its own on the test server (`outbox_test_db_<random>`), for
+    /// tests of outboxes in two databases of one server. Dropped at the end of the
+    /// test, also when it fails, with every replication slot made in it (a
+    /// leftover slot keeps WAL on the server for ever).
+    #[derive(Debug)]
+    pub struct TestDatabase {
+        /// Its name.
+        pub name: String,
+        /// A URL of it: [`database_url`] with this database.
+        pub url: String,
+        /// A pool on it.
+        pub pool: sqlx::PgPool,
+    }
+
+    impl TestDatabase {
+        /// Create the database (panics when the test server cannot).
+        pub async fn create() -> Self {
+            let name = format!(
+                "outbox_test_db_{}",
+                &Uuid::new_v4().simple().to_string()[..12]
+            );
+            let admin = sqlx::PgPool::connect(&database_url())
+                .await
+                .expect("the test database");
+            sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+                .execute(&admin)
+                .await
+                .unwrap_or_else(|e| panic!("cannot create database {name}: {e}"));
+            admin.close().await;
+            let mut url = url::Url::parse(&database_url()).expect("a URL");
+            url.set_path(&name);
+            let url = url.to_string();
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(8)
+                .connect(&url)
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect to {name}: {e}"));
+            Self { name, url, pool }
+        }
+    }
+
+    impl Drop for TestDatabase {
+        fn drop(&mut self) {
+            let name = self.name.clone();
+            block_on_detached(|| async move {
+                let admin = sqlx::PgPool::connect(&database_url()).await.ok()?;
+                // A slot is released shortly after its reader disconnected.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let dropped = sqlx::query(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                         WHERE database = $1",
+                    )
+                    .bind(&name)
+                    .execute(&admin)
+                    .await;
+                    if dropped.is_ok() || Instant::now() > deadline {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&admin)
+                    .await
+                    .ok()
+            });
         }
     }
 

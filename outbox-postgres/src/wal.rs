@@ -10,9 +10,12 @@
 //!
 //! Pieces:
 //! - [`WalMessage`]: the message format (JSON, versioned) and its prefix per outbox;
-//! - [`WalOutbox`]: the producer side, `enqueue` in the caller's transaction;
-//! - [`slot`]: creating and dropping the slot and publication, with a clear error
-//!   when `wal_level` is not `logical`;
+//! - [`WalOutbox`]: the producer side, `enqueue` in the caller's transaction,
+//!   refused (the transaction cannot commit) when no slot of the database would
+//!   read the event;
+//! - [`slot`]: the slot's name in each database, creating and dropping the slot
+//!   and publication, and the check that a slot can carry this database's events,
+//!   with a clear error when `wal_level` is not `logical`;
 //! - [`WalStream`]: the outbox's events from the slot, in commit order, each with
 //!   the LSN to acknowledge once it is published;
 //! - [`WalStore`]: the core `Store` over the stream, so the core `Relay` publishes

@@ -10,9 +10,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use pgoutbox_core::NewEvent;
-use pgoutbox_postgres::testing::{TestOutbox, TestSlot, Writer};
-use pgoutbox_postgres::wal::{WalEvent, WalOutbox, WalStream};
-use pgoutbox_postgres::Error;
+use pgoutbox_postgres::testing::{
+    drop_slot_when_released, TestDatabase, TestOutbox, TestSlot, Writer,
+};
+use pgoutbox_postgres::wal::{slot, WalEvent, WalOutbox, WalStream};
+use pgoutbox_postgres::{Error, Ident};
 use uuid::Uuid;
 
 /// Longest wait for what a test expects from the stream.
@@ -84,7 +86,7 @@ async fn wait_until_confirmed(
 async fn reading_a_fresh_slot() -> (TestOutbox, TestSlot, WalOutbox, WalStream) {
     let outbox = TestOutbox::new().await.unwrap();
     let slot = TestSlot::create(&outbox).await;
-    let wal = WalOutbox::new(&outbox.tables);
+    let wal = outbox.wal().await.unwrap();
     let stream = slot.stream(&wal).await;
     (outbox, slot, wal, stream)
 }
@@ -105,7 +107,10 @@ fn ids(events: &[pgoutbox_core::Event]) -> Vec<Uuid> {
 async fn assert_next_read_is_a_new_marker(outbox: &TestOutbox, stream: &mut WalStream) {
     let marker = event("z", 1);
     let tx = outbox.pool.begin().await.unwrap();
-    WalOutbox::new(&outbox.tables)
+    outbox
+        .wal()
+        .await
+        .unwrap()
         .commit(tx, std::slice::from_ref(&marker))
         .await
         .unwrap();
@@ -158,7 +163,7 @@ fn ids_of(events: &[NewEvent]) -> Vec<Uuid> {
 async fn an_acknowledged_transaction_is_not_read_again_the_rest_is() {
     let outbox = TestOutbox::new().await.unwrap();
     let slot = TestSlot::create(&outbox).await;
-    let wal = WalOutbox::new(&outbox.tables);
+    let wal = outbox.wal().await.unwrap();
     let (one, two) = (event("a", 1), event("a", 2));
     for e in [&one, &two] {
         let mut conn = outbox.pool.acquire().await.unwrap();
@@ -313,14 +318,26 @@ async fn commit_writes_the_events_with_the_transaction_or_nothing() {
 }
 
 /// One setting switches a producer: the same `Outbox` calls write to the WAL
-/// with `with_wal(true)` (nothing in the table) and to the table without it.
+/// with `with_wal` (nothing in the table) and to the table without it; a WAL
+/// outbox of other tables is refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn with_wal_switches_the_same_outbox_calls_to_the_wal() {
     use pgoutbox_postgres::Outbox;
 
-    let (outbox, _slot, _, mut stream) = reading_a_fresh_slot().await;
+    let (outbox, _slot, wal_outbox, mut stream) = reading_a_fresh_slot().await;
+    let other = pgoutbox_postgres::Tables::in_schema("elsewhere").unwrap();
+    let err = Outbox::new(other).with_wal(wal_outbox.clone()).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidConfig(ref m) if m.contains("same tables")),
+        "{err}"
+    );
     for wal in [true, false] {
-        let writer = Outbox::new(outbox.tables.clone()).with_wal(wal);
+        let writer = Outbox::new(outbox.tables.clone());
+        let writer = if wal {
+            writer.with_wal(wal_outbox.clone()).unwrap()
+        } else {
+            writer
+        };
         assert_eq!(writer.is_wal(), wal);
         let (one, many, committed) = (event("a", 1), [event("a", 2), event("b", 1)], event("a", 3));
         let mut tx = outbox.pool.begin().await.unwrap();
@@ -361,7 +378,7 @@ async fn a_failed_event_parks_in_the_table_with_its_followers_others_flow() {
 
     let outbox = TestOutbox::new().await.unwrap();
     let slot = TestSlot::create(&outbox).await;
-    let wal = WalOutbox::new(&outbox.tables);
+    let wal = outbox.wal().await.unwrap();
     let (a1, a2, a3, b1, b2) = (
         event("a", 1),
         event("a", 2),
@@ -570,5 +587,302 @@ async fn an_idle_relay_lets_the_slot_follow_the_server_for_60_s() {
     wait_until_confirmed(&outbox, &slot, target, limit, async || {}).await;
     let _ = stop.send(());
     running.await.unwrap();
+    outbox.drop_schema().await.unwrap();
+}
+
+/// A slot name of its own for a test (`outbox_test_wal_<random>`), and a guard
+/// that drops the slot at the end of the test, also when it fails.
+fn test_slot_name() -> (Ident, DropSlot) {
+    let id = &Uuid::new_v4().simple().to_string()[..12];
+    let name = Ident::new("slot", &format!("outbox_test_wal_{id}")).unwrap();
+    (name.clone(), DropSlot(name))
+}
+
+/// A slot of its own (see [`test_slot_name`]) made on `conn` by `create`, an SQL
+/// call taking the name as `$1`.
+async fn slot_made_by(conn: &mut sqlx::PgConnection, create: &str) -> (Ident, DropSlot) {
+    let (name, cleanup) = test_slot_name();
+    sqlx::query(&format!("SELECT {create}"))
+        .bind(name.as_str())
+        .execute(conn)
+        .await
+        .unwrap();
+    (name, cleanup)
+}
+
+struct DropSlot(Ident);
+
+impl Drop for DropSlot {
+    fn drop(&mut self) {
+        // No publication of its own: a name that exists nowhere.
+        let none = Ident::new("publication", "outbox_test_no_publication").unwrap();
+        drop_slot_when_released(self.0.clone(), none);
+    }
+}
+
+/// Rows of `table` (`schema.table`) on `pool`.
+async fn count(pool: &sqlx::PgPool, table: &str) -> i64 {
+    let mut conn = pool.acquire().await.unwrap();
+    rows(&mut conn, table).await
+}
+
+/// Two transactions on `pool`, each inserting a row into a business table of
+/// `schema` and then writing with `wal`, one with `enqueue_many`, one with
+/// `commit`: both writes are refused with a reason containing `expected`, and
+/// since each refused statement aborted its transaction, neither business row is
+/// committed.
+async fn assert_writes_refused(
+    pool: &sqlx::PgPool,
+    schema: &Ident,
+    wal: &WalOutbox,
+    expected: &str,
+) {
+    let business = format!("{schema}.business");
+    sqlx::query(&format!("CREATE TABLE {business} (n int)"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let insert = format!("INSERT INTO {business} VALUES (1)");
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+    let reason = refusal(
+        wal.enqueue_many(&mut tx, &[event("a", 2), event("b", 1)])
+            .await,
+    );
+    assert!(reason.contains(expected), "{reason}");
+    // Its COMMIT rolls back.
+    let _ = tx.commit().await;
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+    let reason = refusal(wal.commit(tx, &[event("a", 3)]).await);
+    assert!(reason.contains(expected), "{reason}");
+    assert_eq!(count(pool, &business).await, 0, "a refused write committed");
+}
+
+/// `Error::WalSlot`'s reason, or a panic naming what came instead.
+fn refusal<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
+    match result {
+        Err(Error::WalSlot { reason, .. }) => reason,
+        other => panic!("expected a slot refusal, got {other:?}"),
+    }
+}
+
+/// A slot belongs to the server but decodes only the WAL of its own database.
+/// Two databases of one server with the same outbox (schema and table) get
+/// different default slot names. A slot of one database, under the name a
+/// producer of the other would use, is refused when the slot is created (naming
+/// its database; nothing created), when a WAL outbox is connected, and at every
+/// write of a WAL outbox on a connection to the other database: the write fails
+/// its statement, so the business row of its transaction is not committed
+/// either, with `enqueue` as with `commit`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_of_another_database_is_refused_and_nothing_commits() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let slot = TestSlot::create(&outbox).await;
+    let here: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(&outbox.pool)
+        .await
+        .unwrap();
+    let other = TestDatabase::create().await;
+    pgoutbox_postgres::migrate(&other.pool, &outbox.tables)
+        .await
+        .unwrap();
+    let mut conn = other.pool.acquire().await.unwrap();
+    let others_slot = slot::resolve(&mut conn, &outbox.tables, None)
+        .await
+        .unwrap();
+    drop(conn);
+    assert_ne!(others_slot, slot.slot, "one default name for two databases");
+
+    // Creating this database's slot for the other one: refused, nothing created.
+    let publication = Ident::new("publication", "outbox_test_other_db").unwrap();
+    let reason = refusal(slot::create(&other.pool, &slot.slot, &publication).await);
+    let owner = format!("belongs to database {here}, not to {}", other.name);
+    assert!(reason.contains(&owner), "{reason}");
+    let published: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+            .bind(publication.as_str())
+            .fetch_one(&other.pool)
+            .await
+            .unwrap();
+    assert!(!published, "a refused create made the publication");
+
+    // A producer of the other database: refused when connected, for that slot
+    // or for its own default (which does not exist).
+    let reason = refusal(
+        WalOutbox::connect_to_slot(
+            &mut other.pool.acquire().await.unwrap(),
+            &outbox.tables,
+            &slot.slot,
+        )
+        .await,
+    );
+    assert!(reason.contains(&owner), "{reason}");
+    let reason =
+        refusal(WalOutbox::connect(&mut other.pool.acquire().await.unwrap(), &outbox.tables).await);
+    assert!(
+        reason.contains(&format!("no replication slot {others_slot} exists")),
+        "{reason}"
+    );
+
+    // This database's WAL outbox writing on the other database's connections:
+    // each write refused in its statement; the transactions commit nothing.
+    let wal = outbox.wal().await.unwrap();
+    assert_writes_refused(&other.pool, outbox.tables.schema(), &wal, &owner).await;
+
+    outbox.drop_schema().await.unwrap();
+}
+
+/// A WAL outbox checks its slot at every write, not only when connected: once
+/// its slot is dropped, `enqueue` and `commit` fail, the business rows of their
+/// transactions are not committed, and no slot of the database reads anything
+/// of them (a reader of another slot reads the next write after them first).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_for_a_dropped_slot_fails_and_reaches_no_slot() {
+    let (outbox, reader, _, mut stream) = reading_a_fresh_slot().await;
+    let (name, _cleanup) = test_slot_name();
+    slot::create(&outbox.pool, &name, &reader.publication)
+        .await
+        .unwrap();
+    let wal = outbox.wal_to_slot(&name).await.unwrap();
+    assert_eq!(wal.slot(), &name);
+    let written = event("a", 1);
+    let tx = outbox.pool.begin().await.unwrap();
+    wal.commit(tx, std::slice::from_ref(&written))
+        .await
+        .unwrap();
+    let (read, _) = next_transaction(&mut stream).await;
+    assert_eq!(ids(&read), [written.id]);
+
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(name.as_str())
+        .execute(&outbox.pool)
+        .await
+        .unwrap();
+    let missing = format!("no replication slot {name} exists");
+    assert_writes_refused(&outbox.pool, outbox.tables.schema(), &wal, &missing).await;
+    let mut conn = outbox.pool.acquire().await.unwrap();
+    let reason = refusal(wal.verify(&mut conn).await);
+    assert!(reason.contains(&missing), "{reason}");
+    drop(conn);
+
+    assert_next_read_is_a_new_marker(&outbox, &mut stream).await;
+    close(stream, &outbox).await;
+}
+
+/// Slots that exist under the name but cannot carry the outbox are refused with
+/// what was found: one still being created (it would not decode a transaction
+/// that commits before its consistent point), one of another output plugin, a
+/// temporary one and a physical one. The one being created is accepted once it is
+/// complete.
+#[tokio::test(flavor = "multi_thread")]
+async fn slots_that_cannot_carry_the_outbox_are_refused_with_what_was_found() {
+    use sqlx::Connection;
+
+    let outbox = TestOutbox::new().await.unwrap();
+    let connect = |name: Ident| {
+        let outbox = outbox.clone();
+        async move { outbox.wal_to_slot(&name).await }
+    };
+
+    // Being created: the server waits for a transaction that holds an id.
+    let (creating, _cleanup) = test_slot_name();
+    let mut holder = outbox.pool.begin().await.unwrap();
+    let _: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    let creation = tokio::spawn({
+        let (pool, name) = (outbox.pool.clone(), creating.clone());
+        async move {
+            sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+                .bind(name.as_str())
+                .execute(&pool)
+                .await
+        }
+    });
+    let deadline = Instant::now() + WAIT;
+    while !slot::exists(&outbox.pool, &creating).await.unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "the slot's creation did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let reason = refusal(connect(creating.clone()).await);
+    assert!(reason.contains("is still being created"), "{reason}");
+    holder.commit().await.unwrap();
+    creation.await.unwrap().unwrap();
+    connect(creating.clone()).await.unwrap();
+
+    // Another output plugin: also refused by create.
+    let mut conn = outbox.pool.acquire().await.unwrap();
+    let (decoding, _cleanup) = slot_made_by(
+        &mut conn,
+        "pg_create_logical_replication_slot($1, 'test_decoding')",
+    )
+    .await;
+    let reason = refusal(connect(decoding.clone()).await);
+    assert!(
+        reason.contains("uses the output plugin test_decoding"),
+        "{reason}"
+    );
+    let publication = Ident::new("publication", "outbox_test_never_made").unwrap();
+    let reason = refusal(slot::create(&outbox.pool, &decoding, &publication).await);
+    assert!(reason.contains("test_decoding"), "{reason}");
+
+    // Physical (reserving no WAL).
+    let (physical, _cleanup) =
+        slot_made_by(&mut conn, "pg_create_physical_replication_slot($1)").await;
+    let reason = refusal(connect(physical.clone()).await);
+    assert!(reason.contains("is a physical slot"), "{reason}");
+    drop(conn);
+
+    // Temporary: it lives as long as the session that made it.
+    let mut session = sqlx::PgConnection::connect(&pgoutbox_postgres::testing::database_url())
+        .await
+        .unwrap();
+    let (temporary, _cleanup) = slot_made_by(
+        &mut session,
+        "pg_create_logical_replication_slot($1, 'pgoutput', true)",
+    )
+    .await;
+    let reason = refusal(connect(temporary.clone()).await);
+    assert!(reason.contains("is temporary"), "{reason}");
+    session.close().await.unwrap();
+
+    outbox.drop_schema().await.unwrap();
+}
+
+/// The hash ending a default slot name is PostgreSQL's `sha256()` of
+/// `<schema>.<table>@<database>` (as `wal::slot::default_name` documents), so SQL
+/// can name the slot too: checked for this database and for a name that needs
+/// replacing and cutting.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_slot_names_hash_is_the_servers_sha256() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let here: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(&outbox.pool)
+        .await
+        .unwrap();
+    for database in [
+        here.as_str(),
+        "Shop-EU \u{fc}n\u{ef}code with a long name, cut",
+    ] {
+        let hash: String = sqlx::query_scalar(
+            "SELECT left(encode(sha256(convert_to($1 || '@' || $2, 'UTF8')), 'hex'), 12)",
+        )
+        .bind(outbox.tables.outbox_name())
+        .bind(database)
+        .fetch_one(&outbox.pool)
+        .await
+        .unwrap();
+        let name = slot::default_name(database, &outbox.tables).unwrap();
+        assert!(
+            name.as_str().ends_with(&format!("_{hash}")),
+            "{name} for {database}"
+        );
+        assert!(name.as_str().len() <= 63);
+    }
     outbox.drop_schema().await.unwrap();
 }

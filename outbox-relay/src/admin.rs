@@ -4,15 +4,16 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
 use pgoutbox_core::{DeadLetter, DeadLetterAdmin, DeadLetterFilter, Publisher, StatsAdmin};
-use pgoutbox_postgres::{Cleanup, DeadLetters, PgStore, Retention, Tables, Wakeup};
+use pgoutbox_postgres::{Cleanup, DeadLetters, Ident, PgStore, Retention, Tables, Wakeup};
 use serde_json::json;
 use uuid::Uuid;
 
 use crate::broker::{Prepare, Spec};
-use crate::config::Settings;
+use crate::config::{Settings, WalSettings};
 use crate::db;
 use crate::failure::{self, Failure};
 use crate::targets::{self, Pools, Target};
+use crate::wal_slot;
 
 /// Dead letters shown by a dry run or before a confirmation.
 const PREVIEW: u32 = 20;
@@ -83,6 +84,12 @@ pub(crate) async fn migrate(
             println!("inbox is up to date: {}.{}", t.schema(), t.inbox());
             continue;
         }
+        // WAL mode: the slot is checked before anything changes; one of that name
+        // that cannot carry this database's events is refused.
+        let wal = match &settings.wal {
+            Some(wal) => Some((wal, wal_preflight(pool, t, wal).await?)),
+            None => None,
+        };
         pgoutbox_postgres::migrate(pool, t)
             .await
             .map_err(failure::db("migrate"))?;
@@ -99,20 +106,41 @@ pub(crate) async fn migrate(
             t.dead_letters(),
             t.inbox()
         );
-        if let Some(wal) = &settings.wal {
-            let created = pgoutbox_postgres::wal::slot::create(pool, &wal.slot, &wal.publication)
+        if let Some((wal, slot)) = wal {
+            let created = pgoutbox_postgres::wal::slot::create(pool, &slot, &wal.publication)
                 .await
                 .map_err(failure::db("creating the WAL outbox's slot"))?;
             println!(
-                "WAL outbox: replication slot {} {} (publication {})",
-                wal.slot,
+                "WAL outbox: replication slot {slot} {}{} (publication {})",
                 if created { "created" } else { "exists" },
+                wal_slot::former_note(t, &slot),
                 wal.publication
             );
         }
     }
     pools.close().await;
     Ok(())
+}
+
+/// Before `migrate` changes anything in WAL mode: `wal_level` is `logical`, and
+/// the outbox's slot ([`wal_slot::resolve`]) is missing or can carry this
+/// database's events. The slot.
+async fn wal_preflight(
+    pool: &sqlx::PgPool,
+    tables: &Tables,
+    wal: &WalSettings,
+) -> Result<Ident, Failure> {
+    pgoutbox_postgres::wal::slot::check_wal_level(pool)
+        .await
+        .map_err(|e| Failure::config(e.to_string()))?;
+    let slot = wal_slot::resolve(pool, tables, wal).await?;
+    if pgoutbox_postgres::wal::slot::exists(pool, &slot)
+        .await
+        .map_err(failure::db("migrate: the WAL slot"))?
+    {
+        wal_slot::check(pool, &slot).await?;
+    }
+    Ok(slot)
 }
 
 /// `outbox migrate --print-sql`: the script of each configured outbox, without a
@@ -173,18 +201,11 @@ pub(crate) async fn check(
         pgoutbox_postgres::wal::slot::check_wal_level(pool)
             .await
             .map_err(|e| Failure::config(e.to_string()))?;
-        if !pgoutbox_postgres::wal::slot::exists(pool, &wal.slot)
-            .await
-            .map_err(failure::db("check: the WAL slot"))?
-        {
-            return Err(Failure::config(format!(
-                "wal: the replication slot `{}` does not exist: run `outbox migrate` with [wal] enabled",
-                wal.slot
-            )));
-        }
+        let slot = wal_slot::resolve(pool, &target.tables, wal).await?;
+        wal_slot::check(pool, &slot).await?;
         println!(
-            "wal       ok: wal_level = logical, slot {} exists",
-            wal.slot
+            "wal       ok: wal_level = logical, slot {slot}{} can carry this database's events",
+            wal_slot::former_note(&target.tables, &slot)
         );
     }
     pools.close().await;
@@ -241,17 +262,14 @@ async fn stats_of(settings: &Settings, target: &Target, as_json: bool) -> Result
         .map_err(failure::db("stats: xmin horizon"))?;
     // WAL mode: how much WAL the slot's reader has not acknowledged yet.
     let slot_lag = match &settings.wal {
-        Some(wal) => pgoutbox_postgres::wal::slot::lag_bytes(pool, &wal.slot)
-            .await
-            .map_err(failure::db("stats: slot lag"))?
-            .map(|bytes| (wal.slot.as_str().to_string(), bytes))
-            .ok_or_else(|| {
-                Failure::config(format!(
-                    "wal: the replication slot `{}` does not exist: run `outbox migrate` with [wal] enabled",
-                    wal.slot
-                ))
-            })
-            .map(Some)?,
+        Some(wal) => {
+            let slot = wal_slot::resolve(pool, &target.tables, wal).await?;
+            wal_slot::check(pool, &slot).await?;
+            pgoutbox_postgres::wal::slot::lag_bytes(pool, &slot)
+                .await
+                .map_err(failure::db("stats: slot lag"))?
+                .map(|bytes| (slot.as_str().to_string(), bytes))
+        }
         None => None,
     };
     if as_json {

@@ -175,7 +175,9 @@ section! {
 /// The WAL outbox's settings, when `[wal] enabled`.
 #[derive(Debug, Clone)]
 pub(crate) struct WalSettings {
-    pub(crate) slot: Ident,
+    /// `wal.slot`; `None`: the outbox's default in its database, known once
+    /// connected (`wal::slot::resolve`).
+    pub(crate) slot: Option<Ident>,
     pub(crate) publication: Ident,
     /// A direct URL for the replication connection; `None`: the database URL.
     pub(crate) replication_url: Option<String>,
@@ -592,11 +594,11 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
     }
     let default_tables = TablesSection::default();
     let file_tables = file.tables.as_ref().unwrap_or(&default_tables);
-    let wal = wal_settings(&file.wal, file_tables).map_err(|e| config(format!("wal: {e}")))?;
     let tables = Tables::in_schema(&file_tables.schema)
         .and_then(|t| t.with_events_table(&file_tables.events_table))
         .and_then(|t| t.with_inbox_table(&file_tables.inbox_table))
         .map_err(|e| config(format!("tables: {e}")))?;
+    let wal = wal_settings(&file.wal, &tables).map_err(|e| config(format!("wal: {e}")))?;
 
     let r = &file.relay;
     check_limits("relay", r.batch_size, r.workers).map_err(config)?;
@@ -866,21 +868,25 @@ fn tenants_settings(t: &TenantsSection, relay: &RelayConfig) -> Result<TenantsSe
     })
 }
 
-/// The WAL settings when enabled: slot and publication named after the outbox
-/// (`pgoutbox_<schema>_<table>`) unless given.
+/// The WAL settings when enabled: the publication named after the outbox
+/// (`wal::slot::default_publication`; publications belong to one database) and
+/// the slot named after the outbox and its database once connected, unless given.
 fn wal_settings(
     section: &WalSection,
-    tables: &TablesSection,
+    tables: &Tables,
 ) -> Result<Option<WalSettings>, pgoutbox_postgres::Error> {
     if !section.enabled {
         return Ok(None);
     }
-    let default = format!("pgoutbox_{}_{}", tables.schema, tables.events_table);
-    let slot = Ident::new("wal.slot", section.slot.as_deref().unwrap_or(&default))?;
-    let publication = Ident::new(
-        "wal.publication",
-        section.publication.as_deref().unwrap_or(&default),
-    )?;
+    let slot = section
+        .slot
+        .as_deref()
+        .map(|slot| Ident::new("wal.slot", slot))
+        .transpose()?;
+    let publication = match section.publication.as_deref() {
+        Some(publication) => Ident::new("wal.publication", publication)?,
+        None => pgoutbox_postgres::wal::slot::default_publication(tables)?,
+    };
     Ok(Some(WalSettings {
         slot,
         publication,
@@ -929,6 +935,30 @@ mod tests {
         assert!(err.contains("urll") && err.contains("line 2"), "{err}");
         let err = parse_str("[broker.nats]\ntimeout = \"soon\"\n").unwrap_err();
         assert!(err.contains("soon"), "{err}");
+    }
+
+    #[test]
+    fn wal_names_are_validated_and_defaults_fit() {
+        let s = validate(parse_str("[wal]\nenabled = true\n").unwrap()).unwrap();
+        let wal = s.wal.unwrap();
+        // The slot's default depends on the database: resolved once connected.
+        assert_eq!(wal.slot, None);
+        assert_eq!(wal.publication.as_str(), "pgoutbox_public_outbox_events");
+        let long = format!(
+            "[tables]\nschema = \"{}\"\n[wal]\nenabled = true\n",
+            "s".repeat(50)
+        );
+        let wal = validate(parse_str(&long).unwrap()).unwrap().wal.unwrap();
+        assert_eq!(wal.publication.as_str().len(), 63, "{}", wal.publication);
+        let s = validate(parse_str("[wal]\nenabled = true\nslot = \"orders_eu\"\n").unwrap());
+        assert_eq!(s.unwrap().wal.unwrap().slot.unwrap().as_str(), "orders_eu");
+        let err = validate(parse_str("[wal]\nenabled = true\nslot = \"Orders-EU\"\n").unwrap())
+            .unwrap_err();
+        assert!(
+            err.message.contains("wal.slot") && err.message.contains("Orders-EU"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

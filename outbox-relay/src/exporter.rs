@@ -22,6 +22,10 @@ pub(crate) const OLDEST_SNAPSHOT_AGE: &str = "outbox_oldest_snapshot_age_seconds
 /// Gauge: seconds the oldest open transaction that took an event `seq` of the
 /// outbox has run (0: none): claims cannot start their walk past its event.
 pub(crate) const PRODUCER_TRANSACTION_AGE: &str = "outbox_producer_transaction_age_seconds";
+/// Gauge (WAL mode): 1 while the slot can carry the outbox's events, 0 while it
+/// cannot (missing, another database's or plugin's, temporary, invalidated):
+/// then nothing is read from the WAL and producers are refused.
+pub(crate) const WAL_SLOT_USABLE: &str = "outbox_wal_slot_usable";
 
 /// Seconds to publish and record one batch: up to a publish timeout.
 const BATCH_BUCKETS: &[f64] = &[
@@ -57,6 +61,7 @@ pub(crate) const ALL: &[&str] = &[
     WAL_SLOT_LAG,
     OLDEST_SNAPSHOT_AGE,
     PRODUCER_TRANSACTION_AGE,
+    WAL_SLOT_USABLE,
 ];
 
 /// Install the global recorder. Histograms get buckets (not summaries) so that
@@ -107,6 +112,10 @@ pub(crate) fn install(outboxes: &[String]) -> Result<PrometheusHandle, Failure> 
         PRODUCER_TRANSACTION_AGE,
         metrics::Unit::Seconds,
         "Age of the oldest open transaction that took an event seq of the outbox"
+    );
+    metrics::describe_gauge!(
+        WAL_SLOT_USABLE,
+        "WAL mode: 1 while the slot can carry the outbox's events, 0 while it cannot"
     );
     // Zero from the start, so alerts and rates see the series before the first event.
     // Labelled as the relays label them (`outbox` = each outbox's name); outboxes

@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use crate::broker::BrokerPublisher;
 use crate::failure::Failure;
 use crate::members::Members;
+use crate::wal_slot::SlotWatch;
 
 #[derive(Clone)]
 struct Endpoint {
@@ -27,6 +28,7 @@ struct Endpoint {
     check_timeout: Duration,
     stuck_after: Duration,
     members: Members,
+    wal: Option<SlotWatch>,
 }
 
 /// What `/healthz` and `/readyz` look at besides the connections.
@@ -35,6 +37,8 @@ pub(crate) struct Probes {
     pub(crate) stuck_after: Duration,
     /// The relays whose claim loops and broker outages are reported.
     pub(crate) members: Members,
+    /// WAL mode: the slot, which must be able to carry the outbox's events.
+    pub(crate) wal: Option<SlotWatch>,
 }
 
 /// Bind now (so a taken port fails the start), serve until `stop` completes.
@@ -64,6 +68,7 @@ pub(crate) async fn serve(
             check_timeout: probes.check_timeout,
             stuck_after: probes.stuck_after,
             members: probes.members,
+            wal: probes.wal,
         });
     if let Err(error) = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
@@ -117,9 +122,10 @@ fn round_to_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Ready when the database answers, the broker is reachable, and the relay is not
+/// Ready when the database answers, the broker is reachable, the relay is not
 /// in a broker outage (claiming paused until its probe passes and a message goes
-/// through).
+/// through), and in WAL mode the slot can carry the outbox's events (while it
+/// cannot, none is read and producers are refused).
 async fn ready(State(endpoint): State<Endpoint>) -> impl IntoResponse {
     let limit = endpoint.check_timeout;
     let database = async {
@@ -161,8 +167,19 @@ async fn ready(State(endpoint): State<Endpoint>) -> impl IntoResponse {
             )),
         }
     });
-    let (database, broker) = tokio::join!(database, broker);
-    let problems: Vec<String> = [database, broker]
+    let slot = async {
+        let Some(wal) = &endpoint.wal else {
+            return Ok(());
+        };
+        match tokio::time::timeout(limit, wal.problem()).await {
+            Ok(Ok(None)) => Ok(()),
+            Ok(Ok(Some(problem))) => Err(format!("WAL slot: {problem}")),
+            Ok(Err(e)) => Err(format!("WAL slot {}: cannot check it: {e}", wal.slot)),
+            Err(_) => Err(format!("WAL slot {}: no answer within {limit:?}", wal.slot)),
+        }
+    };
+    let (database, broker, slot) = tokio::join!(database, broker, slot);
+    let problems: Vec<String> = [database, broker, slot]
         .into_iter()
         .filter_map(Result::err)
         .chain(outages)

@@ -37,6 +37,7 @@ mod http;
 mod members;
 mod serve;
 mod targets;
+mod wal_slot;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

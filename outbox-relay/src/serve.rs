@@ -20,6 +20,7 @@ use crate::failure::Failure;
 use crate::http;
 use crate::members::Members;
 use crate::targets::{self, Pools, Target};
+use crate::wal_slot::{self, SlotWatch};
 
 /// Run the relay until a signal, then stop claiming, finish the batches in flight and
 /// return, within `relay.shutdown_timeout`.
@@ -46,6 +47,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
         Relays::single(&settings, &configured[0], &publisher).await?
     };
     let members = relays.members();
+    let wal_watch = relays.wal_watch();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -60,6 +62,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
                 check_timeout: settings.http.check_timeout,
                 stuck_after: settings.http.stuck_after,
                 members: members.clone(),
+                wal: wal_watch.clone(),
             },
             stopped(stop_rx.clone()),
         ));
@@ -67,7 +70,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
     tasks.spawn(upkeep(metrics, stop_rx.clone()));
     tasks.spawn(refresh_stats(
         members.clone(),
-        settings.wal.as_ref().map(|wal| wal.slot.clone()),
+        wal_watch,
         settings.http.stats_refresh,
         stop_rx.clone(),
     ));
@@ -142,10 +145,10 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
 /// The relays of the process.
 enum Relays {
     /// `[tables]`'s outbox (and in WAL mode the slot's relay next to it, which
-    /// parks failed events in that table).
+    /// parks failed events in that table, with its view of the slot).
     Single {
         relay: Box<GroupRelay>,
-        wal: Option<Box<Relay<WalStore, BrokerPublisher>>>,
+        wal: Option<(Box<Relay<WalStore, BrokerPublisher>>, SlotWatch)>,
     },
     /// `[[outbox]]` and `[tenants]`: one relay per outbox, a shared wake-up probe
     /// and a pool per database.
@@ -167,12 +170,12 @@ impl Relays {
         let relay = Relay::new(store, Arc::clone(publisher)).with_config(target.relay.clone());
         // WAL mode: a second relay reads the slot; the first drains what it parks.
         let wal = match &settings.wal {
-            Some(wal) => Some(wal_relay(&target.pool, settings, wal, Arc::clone(publisher)).await?),
+            Some(wal) => Some(wal_relay(target, settings, wal, Arc::clone(publisher)).await?),
             None => None,
         };
         Ok(Self::Single {
             relay: Box::new(relay),
-            wal: wal.map(Box::new),
+            wal: wal.map(|(relay, watch)| (Box::new(relay), watch)),
         })
     }
 
@@ -216,12 +219,23 @@ impl Relays {
         }
     }
 
+    /// The WAL outbox's slot, in WAL mode.
+    fn wal_watch(&self) -> Option<SlotWatch> {
+        match self {
+            Self::Single {
+                wal: Some((_, watch)),
+                ..
+            } => Some(watch.clone()),
+            _ => None,
+        }
+    }
+
     /// Relay until `stop` turns true; each relay then finishes its batches in flight.
     async fn run(&self, stop: watch::Receiver<bool>) {
         match self {
             Self::Single { relay, wal } => {
                 let wal_run = async {
-                    if let Some(wal) = wal {
+                    if let Some((wal, _)) = wal {
                         wal.run(stopped(stop.clone())).await;
                     }
                 };
@@ -239,35 +253,41 @@ impl Relays {
     }
 }
 
-/// The relay of the WAL outbox: its slot must exist (`outbox migrate` creates it).
+/// The relay of the WAL outbox and its view of the slot. A slot that cannot
+/// carry the outbox's events (missing: `outbox migrate` creates it; another
+/// database's; ...) does not stop the relay: it reports not ready until the slot
+/// can (its reader retries meanwhile), and the table relay drains parked events.
 async fn wal_relay(
-    pool: &sqlx::PgPool,
+    target: &Target,
     settings: &Settings,
     wal: &WalSettings,
     publisher: BrokerPublisher,
-) -> Result<Relay<WalStore, BrokerPublisher>, Failure> {
+) -> Result<(Relay<WalStore, BrokerPublisher>, SlotWatch), Failure> {
     let database = settings.database()?;
+    let pool = &target.pool;
     slot::check_wal_level(pool)
         .await
         .map_err(|e| Failure::config(e.to_string()))?;
-    if !slot::exists(pool, &wal.slot)
-        .await
-        .map_err(|e| Failure::runtime(e.to_string()))?
-    {
-        return Err(Failure::config(format!(
-            "wal: the replication slot `{}` does not exist: run `outbox migrate` with [wal] enabled",
-            wal.slot
-        )));
+    let slot = wal_slot::resolve(pool, &target.tables, wal).await?;
+    let watch = SlotWatch::new(pool.clone(), slot.clone(), target.name.clone());
+    // Logged (and counted) now when the slot cannot carry the outbox.
+    if let Err(error) = watch.problem().await {
+        tracing::warn!(%slot, %error, "cannot check the WAL outbox's slot");
     }
     let url = wal.replication_url.as_deref().unwrap_or(&database.url);
-    let mut source = WalSource::new(url, wal.slot.as_str(), wal.publication.as_str());
+    let mut source = WalSource::new(url, slot.as_str(), wal.publication.as_str());
     if let (None, Some(path)) = (&wal.replication_url, &database.password_file) {
         source.password = Some(db::read_password(path)?);
     }
-    tracing::info!(slot = %wal.slot, "WAL outbox: reading the slot; parked events drain from the table");
-    let store = WalStore::new(pool.clone(), settings.tables.clone(), source);
+    tracing::info!(
+        %slot,
+        note = wal_slot::former_note(&target.tables, &slot),
+        "WAL outbox: reading the slot; parked events drain from the table"
+    );
+    let store = WalStore::new(pool.clone(), target.tables.clone(), source);
     // One claim at a time: the stream's order is the publish order.
-    Ok(Relay::new(store, publisher).with_config(settings.relay.clone().workers(1)))
+    let relay = Relay::new(store, publisher).with_config(settings.relay.clone().workers(1));
+    Ok((relay, watch))
 }
 
 /// Resolves once `stop` turns true.
@@ -362,17 +382,17 @@ async fn upkeep(
 /// every `period`.
 async fn refresh_stats(
     members: Members,
-    wal_slot: Option<pgoutbox_postgres::Ident>,
+    wal: Option<SlotWatch>,
     period: Duration,
     stop: watch::Receiver<bool>,
 ) {
-    let refresh = || refresh_stats_once(&members, wal_slot.as_ref());
+    let refresh = || refresh_stats_once(&members, wal.as_ref());
     refresh().await;
     every(period, stop, refresh).await;
 }
 
-/// One refresh of the stats gauges of every outbox.
-async fn refresh_stats_once(members: &Members, wal_slot: Option<&pgoutbox_postgres::Ident>) {
+/// One refresh of the stats gauges of every outbox (and of the WAL outbox's slot).
+async fn refresh_stats_once(members: &Members, wal: Option<&SlotWatch>) {
     for member in members.now() {
         let outbox = member.name;
         match member.store.stats().await {
@@ -394,15 +414,19 @@ async fn refresh_stats_once(members: &Members, wal_slot: Option<&pgoutbox_postgr
             }
             Err(error) => tracing::warn!(%error, %outbox, "cannot read the xmin horizon"),
         }
-        if let Some(name) = wal_slot {
-            match slot::lag_bytes(member.store.pool(), name).await {
-                Ok(Some(bytes)) => {
-                    metrics::gauge!(exporter::WAL_SLOT_LAG, "outbox" => outbox.clone())
-                        .set(bytes as f64);
-                }
-                Ok(None) => tracing::warn!(slot = %name, "the WAL outbox's slot is gone"),
-                Err(error) => tracing::warn!(%error, "cannot read the WAL slot's lag"),
+    }
+    if let Some(wal) = wal {
+        if let Err(error) = wal.problem().await {
+            tracing::warn!(slot = %wal.slot, %error, "cannot check the WAL outbox's slot");
+        }
+        match slot::lag_bytes(&wal.pool, &wal.slot).await {
+            Ok(Some(bytes)) => {
+                metrics::gauge!(exporter::WAL_SLOT_LAG, "outbox" => wal.outbox.clone())
+                    .set(bytes as f64);
             }
+            // Reported by the check above.
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "cannot read the WAL slot's lag"),
         }
     }
 }

@@ -253,12 +253,14 @@ async fn healthz_fails_while_a_claim_loop_is_stuck() {
     outbox.drop_schema().await.unwrap();
 }
 
-/// Labelled counters that appear with their first failed event.
+/// Labelled counters that appear with their first failed event, and the WAL
+/// mode's gauges.
 const ONLY_AFTER_A_FAILURE: &[&str] = &[
     "outbox_events_failed_total",
     "outbox_events_dead_lettered_total",
-    // WAL mode only (tests/wal.rs checks it there).
+    // WAL mode only (tests/wal.rs checks them there).
     "outbox_wal_slot_lag_bytes",
+    "outbox_wal_slot_usable",
 ];
 
 /// Metric names (histogram series included) in the expressions of docs/alerts.yml.

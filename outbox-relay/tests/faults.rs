@@ -27,7 +27,6 @@ use pgoutbox_core::NewEvent;
 use pgoutbox_nats::async_nats::jetstream::{self, stream};
 use pgoutbox_nats::{async_nats, EventConsumer};
 use pgoutbox_postgres::testing::{database_url, TestOutbox, Writer};
-use pgoutbox_postgres::Ident;
 use uuid::Uuid;
 
 /// These tests start several relay processes and put load on the machine; one at a
@@ -594,14 +593,14 @@ async fn wal_relays_killed_at_random_lose_nothing_and_the_standby_takes_over() {
     let (_turn, outbox, stream) = start().await;
     let began = Instant::now();
     let tap = stream.tap().await;
-    let slot = Ident::new("slot", &format!("outbox_faults_{}", &stream.prefix[14..26])).unwrap();
-    let _cleanup = common::DropSlot(slot.clone());
+    // The outbox's default slot and publication, which the producers look for.
+    let _cleanup = common::DropSlot::defaults(&outbox).await;
     let config = relay_config(
         &outbox,
         "outbox-faults-wal",
         &nats_url(),
         &stream,
-        &format!("{NO_HTTP}\n[wal]\nenabled = true\nslot = \"{slot}\"\npublication = \"{slot}\"\n"),
+        &format!("{NO_HTTP}\n[wal]\nenabled = true\n"),
     );
     let migrated = common::command(&config.path, &["migrate"])
         .output()

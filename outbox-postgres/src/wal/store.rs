@@ -472,9 +472,14 @@ async fn read(
     mut acks: watch::Receiver<u64>,
     arrived: Arc<Notify>,
 ) {
+    // The last failure to connect, logged once while it repeats (a slot that
+    // cannot be read fails every `reconnect_delay` until it is fixed; the
+    // `outbox` binary reports it as not ready).
+    let mut failing: Option<String> = None;
     loop {
         match WalStream::connect(&source, prefix.clone()).await {
             Ok(mut stream) => {
+                failing = None;
                 tracing::info!(slot = %source.slot, "reading the WAL outbox's slot");
                 if sender.send(Incoming::Restarted).await.is_err() {
                     return;
@@ -510,7 +515,13 @@ async fn read(
                 tracing::debug!(slot = %source.slot, "slot in use by another relay: standing by");
             }
             Err(error) => {
-                tracing::warn!(slot = %source.slot, %error, "cannot read the WAL outbox's slot");
+                let error = error.to_string();
+                if failing.as_ref() == Some(&error) {
+                    tracing::debug!(slot = %source.slot, %error, "cannot read the WAL outbox's slot");
+                } else {
+                    tracing::warn!(slot = %source.slot, %error, "cannot read the WAL outbox's slot; retrying every {:?} (logged again when the error changes)", source.reconnect_delay);
+                    failing = Some(error);
+                }
             }
         }
         if sender.is_closed() {

@@ -49,6 +49,11 @@ impl Config {
     /// [`Config::for_schema`] with `broker` (its `[broker]` section, and what
     /// follows it) in place of the stdout broker.
     pub fn with_broker(schema: &str, listen: &str, broker: &str) -> Self {
+        Self::with_broker_at(&database_url(), schema, listen, broker)
+    }
+
+    /// [`Config::with_broker`] on the database at `url`.
+    pub fn with_broker_at(url: &str, schema: &str, listen: &str, broker: &str) -> Self {
         Self::new(&format!(
             r#"{head}pending_refresh = "200ms"
 
@@ -62,7 +67,7 @@ listen = "{listen}"
 stats_refresh = "200ms"
 
 {broker}"#,
-            head = Self::head(&database_url(), schema)
+            head = Self::head(url, schema)
         ))
     }
 
@@ -362,14 +367,48 @@ pub async fn drop_schema(pool: &sqlx::PgPool, schema: &str) {
         .unwrap();
 }
 
-/// Drops the slot and publication at the end of the test, also when it fails (an
-/// abandoned slot keeps WAL on the server for ever).
-pub struct DropSlot(pub Ident);
+/// Drops a slot and a publication (of the test database) at the end of the test,
+/// also when it fails (an abandoned slot keeps WAL on the server for ever).
+pub struct DropSlot {
+    pub slot: Ident,
+    pub publication: Ident,
+}
+
+impl DropSlot {
+    /// `name` as both the slot and its publication.
+    pub fn named(name: &Ident) -> Self {
+        Self {
+            slot: name.clone(),
+            publication: name.clone(),
+        }
+    }
+
+    /// The names the binary gives the WAL outbox of `outbox` by default in the
+    /// test database: its slot (`wal::slot::resolve`) and its publication
+    /// (`pgoutbox_<schema>_<table>`).
+    pub async fn defaults(outbox: &TestOutbox) -> Self {
+        let mut conn = outbox.pool.acquire().await.unwrap();
+        let slot = pgoutbox_postgres::wal::slot::resolve(&mut conn, &outbox.tables, None)
+            .await
+            .unwrap();
+        Self {
+            slot,
+            publication: default_publication(outbox),
+        }
+    }
+}
+
+/// The binary's default publication of `outbox`'s WAL outbox.
+pub fn default_publication(outbox: &TestOutbox) -> Ident {
+    pgoutbox_postgres::wal::slot::default_publication(&outbox.tables).unwrap()
+}
 
 impl Drop for DropSlot {
     fn drop(&mut self) {
-        // The relay names its publication like its slot in these tests.
-        pgoutbox_postgres::testing::drop_slot_when_released(self.0.clone(), self.0.clone());
+        pgoutbox_postgres::testing::drop_slot_when_released(
+            self.slot.clone(),
+            self.publication.clone(),
+        );
     }
 }
 

@@ -47,6 +47,11 @@ const MIGRATIONS: &[Migration] = &[
         include_str!("../migrations/0005_probe_function_holds_probe.sql"),
     ),
     Migration::new(6, "relays", include_str!("../migrations/0006_relays.sql")),
+    Migration::new(
+        8,
+        "any_writer",
+        include_str!("../migrations/0008_any_writer.sql"),
+    ),
 ];
 
 /// The consumer inbox alone, for a service that consumes events and has no outbox

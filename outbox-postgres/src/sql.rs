@@ -366,6 +366,13 @@ impl Sql {
                 ("probe_function", probe_function.clone()),
                 ("probe_due_ordered_query", probe_ordered("walk_start")),
                 ("probe_due_unordered_query", probe_unordered.clone()),
+                // Migration 8: writers in any language (plain SQL).
+                ("events_headers_check", tables.derived(tables.events(), "headers_check")),
+                ("emit_function", tables.emit_function()),
+                ("emit_check_function", format!("{}.{}", tables.schema().quoted(),
+                    tables.derived(tables.events(), "emit_check"))),
+                // Identifiers are validated ([a-z0-9_]): safe in a string literal.
+                ("wal_prefix", format!("'pgoutbox:{}'", tables.outbox_name())),
             ],
 
             enqueue_one: format!(

@@ -36,6 +36,15 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
+    /// An existing table cannot be adopted as an outbox ([`crate::adopt`]), or an
+    /// adoption could not go on (the table's lock stayed taken).
+    #[error("cannot adopt {table} as an outbox: {}", problems.join("; "))]
+    CannotAdopt {
+        /// `schema.table`.
+        table: String,
+        /// What is missing or conflicting, one item per column or object.
+        problems: Vec<String>,
+    },
     /// The database reported an error.
     #[error("outbox database error: {0}")]
     Database(#[from] sqlx::Error),

@@ -373,13 +373,10 @@ async fn locked(
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
                 sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await?;
                 if attempt >= options.lock_attempts {
-                    return Err(Error::CannotAdopt {
+                    return Err(Error::LockNotFree {
                         table: s.table.clone(),
-                        problems: vec![format!(
-                            "its lock was not free within {millis} ms in {attempt} tries: a long \
-                             transaction uses the table (see pg_stat_activity); this step changed \
-                             nothing, run the adoption again"
-                        )],
+                        wait: options.lock_timeout,
+                        tries: attempt,
                     });
                 }
                 tracing::warn!(table = %s.table, attempt, "adoption: the table's lock is taken; trying again");

@@ -32,7 +32,7 @@
 //! on the table makes the adoption wait, not the producers queued behind it.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
 
@@ -55,8 +55,8 @@ impl Default for AdoptOptions {
         Self {
             dead_letter_attempts: Some(5),
             batch_size: 10_000,
-            lock_timeout: Duration::from_secs(2),
-            lock_attempts: 30,
+            lock_timeout: Duration::from_millis(100),
+            lock_attempts: 100,
         }
     }
 }
@@ -79,9 +79,10 @@ impl AdoptOptions {
         self
     }
 
-    /// Longest wait for the table's exclusive lock in each try (writers that
-    /// arrive meanwhile wait behind the request, so keep it short), and how many
-    /// tries. Defaults to 2 s and 30 tries.
+    /// Longest wait for the table's exclusive lock in each try, and how many
+    /// tries. Writers that arrive while the request waits queue behind it, so a
+    /// try is short; between tries they go on for a while. Defaults to 100 ms and
+    /// 100 tries.
     #[must_use]
     pub fn lock_timeout(mut self, wait: Duration, attempts: u32) -> Self {
         self.lock_timeout = wait;
@@ -120,6 +121,10 @@ pub struct AdoptionPlan {
     pub build_indexes: Vec<String>,
     /// Left as they are: other indexes, triggers, extra columns.
     pub kept: Vec<String>,
+    /// How long [`adopt`] held the table's exclusive lock, writers waiting: the
+    /// columns step and the finishing step, each once it had the lock, to its
+    /// commit. Empty for a dry run and when there was nothing to adopt.
+    pub exclusive_lock_held: Vec<Duration>,
 }
 
 impl fmt::Display for AdoptionPlan {
@@ -168,6 +173,18 @@ impl fmt::Display for AdoptionPlan {
         writeln!(f, "  make seq the identity column (one brief lock), record migration 1, then apply the later migrations")?;
         if !self.kept.is_empty() {
             writeln!(f, "  left as they are: {}", list(&self.kept))?;
+        }
+        if !self.exclusive_lock_held.is_empty() {
+            let held: Vec<String> = self
+                .exclusive_lock_held
+                .iter()
+                .map(|d| format!("{:.1} ms", d.as_secs_f64() * 1000.0))
+                .collect();
+            writeln!(
+                f,
+                "  the table was locked (writers waiting) for {}",
+                list(&held)
+            )?;
         }
         Ok(())
     }
@@ -288,7 +305,7 @@ pub async fn adoption_plan(
 /// transaction pooler: indexes are built concurrently, outside a transaction).
 pub async fn adopt(pool: &PgPool, tables: &Tables, options: &AdoptOptions) -> Result<AdoptionPlan> {
     let mut conn = pool.acquire().await?;
-    let plan = plan(&mut conn, tables, options).await?;
+    let mut plan = plan(&mut conn, tables, options).await?;
     if plan.already_migrated {
         crate::migrate(pool, tables).await?;
         return Ok(plan);
@@ -300,7 +317,14 @@ pub async fn adopt(pool: &PgPool, tables: &Tables, options: &AdoptOptions) -> Re
         .bind(&key)
         .execute(&mut *conn)
         .await?;
-    let result = run(&mut conn, tables, options, &s).await;
+    let result = run(
+        &mut conn,
+        tables,
+        options,
+        &s,
+        &mut plan.exclusive_lock_held,
+    )
+    .await;
     let _ = sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
         .bind(&key)
         .execute(&mut *conn)
@@ -315,6 +339,7 @@ async fn run(
     tables: &Tables,
     options: &AdoptOptions,
     s: &Statements,
+    held: &mut Vec<Duration>,
 ) -> Result<()> {
     // Looked at again under the lock: another adoption may have gone before.
     let plan = plan(conn, tables, options).await?;
@@ -323,7 +348,7 @@ async fn run(
     }
     let found = inspect(conn, tables).await?;
     if found.column("seq").is_none() {
-        add_columns(conn, tables, options, s, &plan).await?;
+        held.push(add_columns(conn, tables, options, s, &plan).await?);
         tracing::info!(table = %s.table, "adoption: columns added; new events are numbered");
     }
     let found = inspect(conn, tables).await?;
@@ -343,20 +368,16 @@ async fn run(
         );
         sqlx::raw_sql(&drop).execute(&mut *conn).await?;
     }
-    finish(conn, tables, options, s, &found, numbering).await?;
+    held.push(finish(conn, tables, options, s, &found, numbering).await?);
     tracing::info!(table = %s.table, "adoption: done, migration 1 recorded");
     Ok(())
 }
 
-/// Run `work` in a transaction that first takes the table's exclusive lock, within
-/// `lock_timeout`, tried up to `lock_attempts` times. The transaction is driven
-/// with plain `BEGIN`/`COMMIT` on the connection, which is the adoption's own.
-async fn locked(
-    conn: &mut PgConnection,
-    options: &AdoptOptions,
-    s: &Statements,
-    work: impl AsyncFnOnce(&mut PgConnection) -> Result<()>,
-) -> Result<()> {
+/// Open a transaction holding the table's exclusive lock, asked for within
+/// `lock_timeout`, up to `lock_attempts` times; [`end_locked`] ends it. The
+/// transaction is driven with plain `BEGIN`/`COMMIT` on the connection, which is
+/// the adoption's own. Returns when the lock was had.
+async fn lock(conn: &mut PgConnection, options: &AdoptOptions, s: &Statements) -> Result<Instant> {
     let millis = options.lock_timeout.as_millis().max(1);
     // The lock's wait is bounded, not the work done under it.
     let begin = format!(
@@ -369,7 +390,7 @@ async fn locked(
     loop {
         attempt += 1;
         match sqlx::raw_sql(&begin).execute(&mut *conn).await {
-            Ok(_) => break,
+            Ok(_) => return Ok(Instant::now()),
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
                 sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await?;
                 if attempt >= options.lock_attempts {
@@ -380,7 +401,8 @@ async fn locked(
                     });
                 }
                 tracing::warn!(table = %s.table, attempt, "adoption: the table's lock is taken; trying again");
-                tokio::time::sleep(options.lock_timeout.min(Duration::from_secs(1))).await;
+                // Let the writers that queued behind the request through.
+                tokio::time::sleep(options.lock_timeout.max(Duration::from_millis(200))).await;
             }
             Err(e) => {
                 let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
@@ -388,10 +410,19 @@ async fn locked(
             }
         }
     }
-    match work(&mut *conn).await {
+}
+
+/// Commit the transaction [`lock`] opened when `work` succeeded, else roll it
+/// back; how long the lock was held.
+async fn end_locked(
+    conn: &mut PgConnection,
+    locked_at: Instant,
+    work: Result<()>,
+) -> Result<Duration> {
+    match work {
         Ok(()) => {
             sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
-            Ok(())
+            Ok(locked_at.elapsed())
         }
         Err(e) => {
             let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
@@ -407,7 +438,7 @@ async fn add_columns(
     options: &AdoptOptions,
     s: &Statements,
     plan: &AdoptionPlan,
-) -> Result<()> {
+) -> Result<Duration> {
     let mut changes: Vec<String> = ADDED_COLUMNS
         .iter()
         .filter(|(name, ..)| plan.add_columns.contains(name))
@@ -431,12 +462,13 @@ async fn add_columns(
         "SELECT (pg_relation_size('{table}') / {block_size} + 1) * (({block_size} - 24) / 28) + 1",
         table = s.table.replace('\'', "''"),
     );
-    locked(conn, options, s, async |tx| {
+    let locked_at = lock(conn, options, s).await?;
+    let work = async {
         if let Some(view) = &view {
-            sqlx::raw_sql(view).execute(&mut *tx).await?;
+            sqlx::raw_sql(view).execute(&mut *conn).await?;
         }
-        sqlx::raw_sql(&alter).execute(&mut *tx).await?;
-        let start: i64 = sqlx::query_scalar(&bound).fetch_one(&mut *tx).await?;
+        sqlx::raw_sql(&alter).execute(&mut *conn).await?;
+        let start: i64 = sqlx::query_scalar(&bound).fetch_one(&mut *conn).await?;
         let numbering = format!(
             "CREATE SEQUENCE {seq} START WITH {start} OWNED BY {table}.seq; \
              ALTER TABLE {table} ALTER COLUMN seq SET DEFAULT nextval('{seq}'::regclass); {view}",
@@ -444,10 +476,11 @@ async fn add_columns(
             table = s.table,
             view = s.view,
         );
-        sqlx::raw_sql(&numbering).execute(&mut *tx).await?;
+        sqlx::raw_sql(&numbering).execute(&mut *conn).await?;
         Ok(())
-    })
-    .await
+    }
+    .await;
+    end_locked(conn, locked_at, work).await
 }
 
 /// Step 2: number the pending rows that existed before step 1, in `(created_at,
@@ -456,23 +489,24 @@ async fn add_columns(
 async fn backfill(conn: &mut PgConnection, options: &AdoptOptions, s: &Statements) -> Result<i64> {
     let table = &s.table;
     // Rows numbered by an interrupted run keep their numbers; the rest follow.
-    let start: i64 = sqlx::query_scalar(&format!(
+    let numbered = format!(
         "SELECT COALESCE(max(seq), 0) FROM {table} \
          WHERE seq > 0 AND seq < (SELECT start_value FROM pg_sequences \
          WHERE schemaname || '.' || sequencename = $1)"
-    ))
-    .bind(s.sequence.replace('"', ""))
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::raw_sql(&format!(
+    );
+    let sequence = s.sequence.replace('"', "");
+    let start: i64 = sqlx::query_scalar(&numbered)
+        .bind(&sequence)
+        .fetch_one(&mut *conn)
+        .await?;
+    let order = format!(
         "DROP TABLE IF EXISTS pg_temp.pgoutbox_adopt_order; \
          CREATE TEMP TABLE pgoutbox_adopt_order AS \
          SELECT id, {start} + row_number() OVER (ORDER BY created_at, id) AS n \
          FROM {table} WHERE seq = 0 AND processed_at IS NULL; \
          CREATE INDEX ON pg_temp.pgoutbox_adopt_order (n)"
-    ))
-    .execute(&mut *conn)
-    .await?;
+    );
+    sqlx::raw_sql(&order).execute(&mut *conn).await?;
     let last: i64 =
         sqlx::query_scalar("SELECT COALESCE(max(n), 0) FROM pg_temp.pgoutbox_adopt_order")
             .fetch_one(&mut *conn)
@@ -526,7 +560,7 @@ async fn finish(
     s: &Statements,
     found: &Found,
     numbering: bool,
-) -> Result<()> {
+) -> Result<Duration> {
     let pkey = format!("{}_pkey", tables.events());
     let rename = found
         .primary_key
@@ -539,19 +573,20 @@ async fn finish(
             )
         });
     let identity = !found.column("seq").is_some_and(|c| c.identity);
-    locked(conn, options, s, async |tx| {
+    let locked_at = lock(conn, options, s).await?;
+    let work = async {
         if identity {
             let next: i64 = if numbering {
                 sqlx::query_scalar("SELECT nextval($1::regclass)")
                     .bind(&s.sequence)
-                    .fetch_one(&mut *tx)
+                    .fetch_one(&mut *conn)
                     .await?
             } else {
                 sqlx::query_scalar(&format!(
                     "SELECT COALESCE(max(seq), 0) + 1 FROM {}",
                     s.table
                 ))
-                .fetch_one(&mut *tx)
+                .fetch_one(&mut *conn)
                 .await?
             };
             let statement = format!(
@@ -563,23 +598,24 @@ async fn finish(
                 identity = s.identity_sequence,
                 sequence = s.sequence,
             );
-            sqlx::raw_sql(&statement).execute(&mut *tx).await?;
+            sqlx::raw_sql(&statement).execute(&mut *conn).await?;
         }
         if let Some(rename) = &rename {
-            sqlx::raw_sql(rename).execute(&mut *tx).await?;
+            sqlx::raw_sql(rename).execute(&mut *conn).await?;
         }
-        sqlx::raw_sql(&s.inbox).execute(&mut *tx).await?;
+        sqlx::raw_sql(&s.inbox).execute(&mut *conn).await?;
         sqlx::raw_sql(&s.sql.migrations_table)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
         sqlx::query(&s.sql.record_version)
             .bind(1_i32)
             .bind("outbox")
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
         Ok(())
-    })
-    .await
+    }
+    .await;
+    end_locked(conn, locked_at, work).await
 }
 
 /// Inspect the table and say what an adoption does; an error for a table that is
@@ -612,6 +648,7 @@ async fn plan(
         drop_indexes: Vec::new(),
         build_indexes: Vec::new(),
         kept: Vec::new(),
+        exclusive_lock_held: Vec::new(),
     };
     if migrated {
         return Ok(plan);

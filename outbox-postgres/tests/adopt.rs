@@ -149,7 +149,13 @@ async fn an_adopted_table_has_the_shape_of_a_migrated_one_and_adopting_twice_is_
     assert!(text.contains("20 pending"), "{text}");
 
     let done = adopt(&pool, &seed, &AdoptOptions::default()).await.unwrap();
-    assert_eq!(done, plan);
+    assert_eq!(done.exclusive_lock_held.len(), 2, "{done}");
+    assert!(done
+        .to_string()
+        .contains("the table was locked (writers waiting) for"));
+    let mut without_locks = done.clone();
+    without_locks.exclusive_lock_held.clear();
+    assert_eq!(without_locks, plan);
 
     let fresh = Tables::in_schema(&format!("outbox_test_{}", Uuid::new_v4().simple())).unwrap();
     migrate(&pool, &fresh).await.unwrap();
@@ -258,4 +264,72 @@ async fn a_dry_run_and_a_refused_adoption_change_nothing() {
     assert!(err.to_string().contains("there is no such table"), "{err}");
     drop_schema(&pool, &seed).await;
     drop_schema(&pool, &other).await;
+}
+
+/// A transaction that keeps the table locked makes the adoption give up after its
+/// tries, naming the table, with nothing changed; writers are never held longer
+/// than one try's `lock_timeout`; once the transaction ends, the adoption runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_transaction_makes_the_adoption_wait_not_the_writers() {
+    use sqlx::Connection;
+
+    let pool = pool().await;
+    let seed = create_seed_outbox(&pool).await.unwrap();
+    seed_events(&pool, &seed, 3).await;
+    let before = shape(&pool, &seed).await;
+    // A report reading the table in a transaction left open.
+    let mut report = sqlx::PgConnection::connect(&database_url()).await.unwrap();
+    sqlx::raw_sql(&format!(
+        "BEGIN; SELECT count(*) FROM {}.outbox_events",
+        seed.schema().quoted()
+    ))
+    .execute(&mut report)
+    .await
+    .unwrap();
+
+    let options = AdoptOptions::default().lock_timeout(std::time::Duration::from_millis(50), 3);
+    // Meanwhile (in the same task) a producer writes: each INSERT waits at most
+    // about one try's timeout.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let adoption = async {
+        let result = adopt(&pool, &seed, &options).await;
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        result
+    };
+    let insert = seed_insert(seed.schema());
+    let producer = async {
+        let mut longest = std::time::Duration::ZERO;
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            let started = std::time::Instant::now();
+            sqlx::query(&insert)
+                .bind("order")
+                .bind("live")
+                .bind("order.created")
+                .bind(serde_json::json!({}))
+                .execute(&pool)
+                .await
+                .unwrap();
+            longest = longest.max(started.elapsed());
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        longest
+    };
+    let (result, longest) = tokio::join!(adoption, producer);
+    let err = result.unwrap_err();
+    assert!(matches!(err, Error::LockNotFree { tries: 3, .. }), "{err}");
+    assert!(err.to_string().contains("outbox_events"), "{err}");
+    assert!(
+        longest < std::time::Duration::from_secs(1),
+        "a writer waited {longest:?}"
+    );
+    assert_eq!(
+        shape(&pool, &seed).await,
+        before,
+        "the refused step changed the table"
+    );
+
+    sqlx::raw_sql("COMMIT").execute(&mut report).await.unwrap();
+    let done = adopt(&pool, &seed, &options).await.unwrap();
+    assert!(!done.already_migrated);
+    drop_schema(&pool, &seed).await;
 }

@@ -14,8 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{command, poll, Config, RelayProcess};
-use pgoutbox_nats::{EventConsumer, NatsConfig};
+use common::{command, receive, run_ok, stream_consumer, Config, RelayProcess};
 use pgoutbox_postgres::testing::{create_seed_outbox, pool, seed_insert};
 use pgoutbox_postgres::Tables;
 use uuid::Uuid;
@@ -25,17 +24,6 @@ const PENDING: usize = 10_000;
 const PROCESSED: usize = 2_000;
 const GIVEN_UP: usize = 50;
 const PRODUCERS: usize = 4;
-
-fn run_ok(config: &std::path::Path, args: &[&str]) -> String {
-    let out = command(config, args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "outbox {args:?}: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
 
 /// The seed's database: 10,000 pending events over 100 aggregates, written with
 /// the seed's statement one transaction each (aggregates in turn, so each
@@ -218,43 +206,23 @@ async fn adopting_a_live_seed_outbox_publishes_every_pending_event_once_in_order
     );
 
     let relay = RelayProcess::start(&config.path);
-    let publisher = NatsConfig::from_env().unwrap().connect().await.unwrap();
-    // The relay creates the stream as it starts.
-    let consumer = poll(
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        async || {
-            EventConsumer::durable(publisher.jetstream(), &stream, "adopttest", "")
-                .await
-                .ok()
-        },
-    )
-    .await
-    .expect("the relay created its stream within 30 s");
+    let (publisher, consumer) = stream_consumer(&stream, "adopttest").await;
     let mut seen: HashSet<Uuid> = HashSet::new();
     let mut arrived: Vec<(Uuid, String, serde_json::Value)> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while arrived.len() < pending.len() {
-        assert!(
-            Instant::now() < deadline,
-            "{} of {} events arrived within 120 s",
-            arrived.len(),
-            pending.len()
-        );
-        for message in consumer
-            .fetch(500, Duration::from_millis(500))
-            .await
-            .unwrap()
-        {
-            let message = message.unwrap();
-            message.ack().await.unwrap();
+    receive(
+        &consumer,
+        pending.len(),
+        Duration::from_secs(120),
+        |message| {
             // Deduplicated by the event id, as a consumer's inbox does.
             if seen.insert(message.id()) {
                 let payload: serde_json::Value = message.decode().unwrap();
                 arrived.push((message.id(), message.metadata.aggregate_id.clone(), payload));
             }
-        }
-    }
+            arrived.len()
+        },
+    )
+    .await;
     let (status, _) = relay.terminate(Duration::from_secs(25));
     assert!(status.success());
     // Nothing more: no processed row, no dead letter, nothing twice under another id.

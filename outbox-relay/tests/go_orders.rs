@@ -71,6 +71,22 @@ fn run_go(program: &Path, schema: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Events as (id, aggregate id, type, payload): `columns` of `from` (a table of
+/// the outbox's schema and its ORDER BY).
+async fn events_in(
+    outbox: &TestOutbox,
+    columns: &str,
+    from: &str,
+) -> Vec<(Uuid, String, String, serde_json::Value)> {
+    sqlx::query_as(&format!(
+        "SELECT {columns} FROM {}.{from}",
+        outbox.tables.schema().quoted()
+    ))
+    .fetch_all(&outbox.pool)
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_go_service_writes_with_the_seed_statements_and_its_consumer_sees_each_event_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -105,13 +121,12 @@ async fn a_go_service_writes_with_the_seed_statements_and_its_consumer_sees_each
         )),
         "{produced}"
     );
-    let written: Vec<(Uuid, String, String, serde_json::Value)> = sqlx::query_as(&format!(
-        "SELECT id, aggregate_id, event_type, payload FROM {}.outbox_events ORDER BY seq",
-        outbox.tables.schema().quoted()
-    ))
-    .fetch_all(&outbox.pool)
-    .await
-    .unwrap();
+    let written = events_in(
+        &outbox,
+        "id, aggregate_id, event_type, payload",
+        "outbox_events ORDER BY seq",
+    )
+    .await;
     assert_eq!(written.len(), events);
 
     let relay = RelayProcess::start(&config.path);
@@ -155,13 +170,12 @@ async fn a_go_service_writes_with_the_seed_statements_and_its_consumer_sees_each
 
     // What the consumer applied: each event once, with the id and payload the
     // Go service wrote, and each order's events in the order written.
-    let applied: Vec<(Uuid, String, String, serde_json::Value)> = sqlx::query_as(&format!(
-        "SELECT event_id, order_id, event_type, payload FROM {}.billing ORDER BY line",
-        outbox.tables.schema().quoted()
-    ))
-    .fetch_all(&outbox.pool)
-    .await
-    .unwrap();
+    let applied = events_in(
+        &outbox,
+        "event_id, order_id, event_type, payload",
+        "billing ORDER BY line",
+    )
+    .await;
     let mut sorted_applied = applied.clone();
     sorted_applied.sort_by_key(|(id, ..)| *id);
     let mut sorted_written = written.clone();

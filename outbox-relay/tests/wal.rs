@@ -10,43 +10,56 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{assert_delivered, command, runs_of, Config, DropSlot, RelayProcess};
+use common::{
+    assert_delivered, command, receive, run_ok, runs_of, stream_consumer, Config, DropSlot,
+    RelayProcess,
+};
 use pgoutbox_core::testing::event;
 use pgoutbox_core::NewEvent;
-use pgoutbox_nats::{EventConsumer, NatsConfig};
 use pgoutbox_postgres::testing::{TestOutbox, Writer};
 use pgoutbox_postgres::wal::WalOutbox;
 use pgoutbox_postgres::Ident;
 use uuid::Uuid;
 
-fn run_ok(config: &std::path::Path, args: &[&str]) -> String {
-    let out = command(config, args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "outbox {args:?}: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+/// The binary in WAL mode on `outbox`, publishing to a NATS stream of its own,
+/// reading a slot of its own (dropped at the end of the test, also when it fails).
+struct WalToNats {
+    config: Config,
+    slot: Ident,
+    stream: String,
+    _cleanup: DropSlot,
+}
+
+fn wal_to_nats(outbox: &TestOutbox, name: &str) -> WalToNats {
+    let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
+    let slot = Ident::new("slot", &format!("outbox_test_wal_{tag}")).unwrap();
+    let stream = format!("OUTBOX_{}_TEST_{tag}", name.to_uppercase());
+    let config = Config::with_broker(
+        outbox.tables.schema().as_str(),
+        "0",
+        &format!(
+            "[broker]\nkind = \"nats\"\n[broker.nats]\nsubject_prefix = \"{name}test{tag}\"\n\
+             ensure_stream = \"{stream}\"\n\
+             [wal]\nenabled = true\nslot = \"{slot}\"\npublication = \"{slot}\"\n"
+        ),
     );
-    stdout
+    WalToNats {
+        config,
+        _cleanup: DropSlot(slot.clone()),
+        slot,
+        stream,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_binary_publishes_committed_wal_events_in_commit_order() {
     let outbox = TestOutbox::new().await.unwrap();
-    let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
-    let slot_name = Ident::new("slot", &format!("outbox_test_wal_{tag}")).unwrap();
-    let _cleanup = DropSlot(slot_name.clone());
-    let stream = format!("OUTBOX_WAL_TEST_{tag}");
-    let prefix = format!("waltest{tag}");
-    let config = Config::with_broker(
-        outbox.tables.schema().as_str(),
-        "0",
-        &format!(
-            "[broker]\nkind = \"nats\"\n[broker.nats]\nsubject_prefix = \"{prefix}\"\n\
-             ensure_stream = \"{stream}\"\n\
-             [wal]\nenabled = true\nslot = \"{slot_name}\"\npublication = \"{slot_name}\"\n"
-        ),
-    );
+    let WalToNats {
+        config,
+        slot: slot_name,
+        stream,
+        _cleanup,
+    } = wal_to_nats(&outbox, "wal");
 
     // Without its slot, the relay says what to do.
     let missing = command(&config.path, &["relay"]).output().unwrap();
@@ -78,24 +91,13 @@ async fn the_binary_publishes_committed_wal_events_in_commit_order() {
     wal.enqueue_many(&mut conn, &later).await.unwrap();
     drop(conn);
 
-    let publisher = NatsConfig::from_env().unwrap().connect().await.unwrap();
-    let consumer = EventConsumer::durable(publisher.jetstream(), &stream, "waltest", "")
-        .await
-        .unwrap();
+    let (publisher, consumer) = stream_consumer(&stream, "waltest").await;
     let mut received: Vec<(String, Uuid)> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while received.len() < 5 {
-        assert!(Instant::now() < deadline, "received only {received:?}");
-        for message in consumer
-            .fetch(10, Duration::from_millis(500))
-            .await
-            .unwrap()
-        {
-            let message = message.unwrap();
-            message.ack().await.unwrap();
-            received.push((message.metadata.aggregate_id.clone(), message.id()));
-        }
-    }
+    receive(&consumer, 5, Duration::from_secs(30), |message| {
+        received.push((message.metadata.aggregate_id.clone(), message.id()));
+        received.len()
+    })
+    .await;
     assert!(
         !received.iter().any(|(_, id)| *id == lost[0].id),
         "a rolled-back event was published"
@@ -135,19 +137,12 @@ async fn the_binary_publishes_committed_wal_events_in_commit_order() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_binary_publishes_what_the_sql_emit_function_wrote_and_nothing_rolled_back() {
     let outbox = TestOutbox::new().await.unwrap();
-    let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
-    let slot_name = Ident::new("slot", &format!("outbox_test_wal_{tag}")).unwrap();
-    let _cleanup = DropSlot(slot_name.clone());
-    let stream = format!("OUTBOX_WALSQL_TEST_{tag}");
-    let config = Config::with_broker(
-        outbox.tables.schema().as_str(),
-        "0",
-        &format!(
-            "[broker]\nkind = \"nats\"\n[broker.nats]\nsubject_prefix = \"walsql{tag}\"\n\
-             ensure_stream = \"{stream}\"\n\
-             [wal]\nenabled = true\nslot = \"{slot_name}\"\npublication = \"{slot_name}\"\n"
-        ),
-    );
+    let WalToNats {
+        config,
+        stream,
+        _cleanup,
+        ..
+    } = wal_to_nats(&outbox, "walsql");
     run_ok(&config.path, &["migrate"]);
     let emit = format!(
         "SELECT {}($1, $2, 'order.paid', $3, $4::jsonb)",
@@ -156,15 +151,16 @@ async fn the_binary_publishes_what_the_sql_emit_function_wrote_and_nothing_rolle
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let headers = format!(r#"{{"traceparent": "{traceparent}"}}"#);
     let payload = r#"{"total": 10, "note": "caf\u00e9"}"#;
-    let sql_event = async |tx: &mut sqlx::PgConnection, aggregate: &str| -> Result<Uuid, sqlx::Error> {
-        sqlx::query_scalar(&emit)
-            .bind("order")
-            .bind(aggregate)
-            .bind(payload)
-            .bind(&headers)
-            .fetch_one(tx)
-            .await
-    };
+    let sql_event =
+        async |tx: &mut sqlx::PgConnection, aggregate: &str| -> Result<Uuid, sqlx::Error> {
+            sqlx::query_scalar(&emit)
+                .bind("order")
+                .bind(aggregate)
+                .bind(payload)
+                .bind(&headers)
+                .fetch_one(tx)
+                .await
+        };
     let mut tx = outbox.pool.begin().await.unwrap();
     let a1 = sql_event(&mut tx, "a").await.unwrap();
     tx.commit().await.unwrap();
@@ -173,44 +169,55 @@ async fn the_binary_publishes_what_the_sql_emit_function_wrote_and_nothing_rolle
     tx.rollback().await.unwrap();
     let mut tx = outbox.pool.begin().await.unwrap();
     let refused = sql_event(&mut tx, "").await.unwrap_err();
-    assert!(refused.to_string().contains("event field `aggregate_id` is empty"), "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("event field `aggregate_id` is empty"),
+        "{refused}"
+    );
     tx.rollback().await.unwrap();
     let mut rust = NewEvent::from_json_str("order", "b", "order.paid", payload);
-    rust.headers.insert("traceparent".into(), traceparent.into());
-    outbox.write(Writer::Wal, std::slice::from_ref(&rust), true).await.unwrap();
+    rust.headers
+        .insert("traceparent".into(), traceparent.into());
+    outbox
+        .write(Writer::Wal, std::slice::from_ref(&rust), true)
+        .await
+        .unwrap();
     let mut tx = outbox.pool.begin().await.unwrap();
     let b2 = sql_event(&mut tx, "b").await.unwrap();
     let a2 = sql_event(&mut tx, "a").await.unwrap();
     tx.commit().await.unwrap();
 
     let relay = RelayProcess::start(&config.path);
-    let publisher = NatsConfig::from_env().unwrap().connect().await.unwrap();
-    let consumer = common::poll(Duration::from_secs(30), Duration::from_millis(100), async || {
-        EventConsumer::durable(publisher.jetstream(), &stream, "walsqltest", "").await.ok()
-    })
-    .await
-    .expect("the relay created its stream within 30 s");
+    let (publisher, consumer) = stream_consumer(&stream, "walsqltest").await;
     let mut received = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while received.len() < 4 {
-        assert!(Instant::now() < deadline, "received only {} messages", received.len());
-        for message in consumer.fetch(10, Duration::from_millis(500)).await.unwrap() {
-            let message = message.unwrap();
-            message.ack().await.unwrap();
-            received.push(message);
-        }
-    }
+    receive(&consumer, 4, Duration::from_secs(30), |message| {
+        received.push(message);
+        received.len()
+    })
+    .await;
     let (status, _) = relay.terminate(Duration::from_secs(25));
     assert!(status.success());
-    let late = consumer.fetch(10, Duration::from_millis(500)).await.unwrap();
-    assert!(late.is_empty(), "more than the four committed events arrived");
+    let late = consumer
+        .fetch(10, Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert!(
+        late.is_empty(),
+        "more than the four committed events arrived"
+    );
     let ids: Vec<Uuid> = received.iter().map(|m| m.id()).collect();
     assert!(!ids.contains(&lost), "a rolled-back event was published");
     let written = [(a1, "a"), (rust.id, "b"), (b2, "b"), (a2, "a")];
-    let runs = written.iter().fold(std::collections::HashMap::new(), |mut runs, (id, aggregate)| {
-        runs.entry(aggregate.to_string()).or_insert_with(Vec::new).push(*id);
-        runs
-    });
+    let runs = written.iter().fold(
+        std::collections::HashMap::new(),
+        |mut runs, (id, aggregate)| {
+            runs.entry(aggregate.to_string())
+                .or_insert_with(Vec::new)
+                .push(*id);
+            runs
+        },
+    );
     let arrived: Vec<(String, Uuid)> = received
         .iter()
         .map(|m| (m.metadata.aggregate_id.clone(), m.id()))
@@ -222,7 +229,14 @@ async fn the_binary_publishes_what_the_sql_emit_function_wrote_and_nothing_rolle
         assert_eq!(message.payload().unwrap(), payload.as_bytes());
         assert_eq!(message.metadata.event_type, "order.paid");
         assert_eq!(message.metadata.aggregate_type, "order");
-        assert_eq!(message.metadata.headers.get("traceparent").map(String::as_str), Some(traceparent));
+        assert_eq!(
+            message
+                .metadata
+                .headers
+                .get("traceparent")
+                .map(String::as_str),
+            Some(traceparent)
+        );
     }
     assert_eq!(from_rust.metadata.headers, from_sql.metadata.headers);
     publisher.jetstream().delete_stream(&stream).await.unwrap();

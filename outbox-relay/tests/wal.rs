@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{
     assert_delivered, command, receive, run_ok, runs_of, stream_consumer, Config, DropSlot,

@@ -362,10 +362,13 @@ async fn run(
     }
     build_indexes(conn, &found, s).await?;
     for index in &plan.drop_indexes {
-        let drop = format!(
-            "DROP INDEX CONCURRENTLY IF EXISTS {}.\"{index}\"",
-            tables.schema().quoted()
-        );
+        // A name read from the catalog: quoted by the server, not spliced.
+        let drop: String =
+            sqlx::query_scalar("SELECT format('DROP INDEX CONCURRENTLY IF EXISTS %I.%I', $1, $2)")
+                .bind(tables.schema().as_str())
+                .bind(index)
+                .fetch_one(&mut *conn)
+                .await?;
         sqlx::raw_sql(&drop).execute(&mut *conn).await?;
     }
     held.push(finish(conn, tables, options, s, &found, numbering).await?);
@@ -562,16 +565,22 @@ async fn finish(
     numbering: bool,
 ) -> Result<Duration> {
     let pkey = format!("{}_pkey", tables.events());
-    let rename = found
-        .primary_key
-        .as_ref()
-        .filter(|(name, _)| *name != pkey)
-        .map(|(name, _)| {
-            format!(
-                "ALTER TABLE {} RENAME CONSTRAINT \"{name}\" TO \"{pkey}\"",
-                s.table
+    // The primary key's name as migration 1 gives it; the old name is read from
+    // the catalog: quoted by the server, not spliced.
+    let rename: Option<String> = match found.primary_key.as_ref().filter(|(name, _)| *name != pkey)
+    {
+        Some((name, _)) => Some(
+            sqlx::query_scalar(
+                "SELECT format('ALTER TABLE %s RENAME CONSTRAINT %I TO %I', $1, $2, $3)",
             )
-        });
+            .bind(&s.table)
+            .bind(name)
+            .bind(&pkey)
+            .fetch_one(&mut *conn)
+            .await?,
+        ),
+        None => None,
+    };
     let identity = !found.column("seq").is_some_and(|c| c.identity);
     let locked_at = lock(conn, options, s).await?;
     let work = async {

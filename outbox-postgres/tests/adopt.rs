@@ -276,6 +276,14 @@ async fn a_long_transaction_makes_the_adoption_wait_not_the_writers() {
     let pool = pool().await;
     let seed = create_seed_outbox(&pool).await.unwrap();
     seed_events(&pool, &seed, 3).await;
+    // A primary key of another name: the adoption gives it migration 1's.
+    sqlx::raw_sql(&format!(
+        "ALTER TABLE {}.outbox_events RENAME CONSTRAINT outbox_events_pkey TO \"Seed PK\"",
+        seed.schema().quoted()
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
     let before = shape(&pool, &seed).await;
     // A report reading the table in a transaction left open.
     let mut report = sqlx::PgConnection::connect(&database_url()).await.unwrap();
@@ -331,5 +339,13 @@ async fn a_long_transaction_makes_the_adoption_wait_not_the_writers() {
     sqlx::raw_sql("COMMIT").execute(&mut report).await.unwrap();
     let done = adopt(&pool, &seed, &options).await.unwrap();
     assert!(!done.already_migrated);
+    let primary_key: String = sqlx::query_scalar(
+        "SELECT conname::text FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'p'",
+    )
+    .bind(format!("{}.outbox_events", seed.schema().quoted()))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(primary_key, "outbox_events_pkey");
     drop_schema(&pool, &seed).await;
 }

@@ -84,4 +84,10 @@ source scripts/pg-tls.sh || { say "FAILED: PostgreSQL over TLS could not be set 
 # shellcheck source=scripts/rabbitmq-tls.sh
 source scripts/rabbitmq-tls.sh || { say "FAILED: RabbitMQ's TLS listener could not be set up (see above)"; exit 1; }
 
+# Go (Debian's golang-go) with lib/pq and nats.go, for the example service written in
+# Go (examples/go-orders, run by outbox-relay/tests/go_orders.rs); scripts/go.sh
+# installs the Debian packages when missing and exports OUTBOX_GO and OUTBOX_GOPATH.
+# shellcheck source=scripts/go.sh
+source scripts/go.sh || { say "FAILED: Go and its PostgreSQL and NATS libraries could not be installed (see above)"; exit 1; }
+
 cargo test --workspace --all-features "$@"

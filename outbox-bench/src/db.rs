@@ -23,17 +23,22 @@ pub(crate) struct Bench {
     pub(crate) outbox: Outbox,
 }
 
+/// A pool of up to `connections` on `url`, the benchmark schema dropped; its names.
+pub(crate) async fn without_schema(url: &str, connections: u32) -> Result<(PgPool, Tables)> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(connections)
+        .connect(url)
+        .await?;
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
+        .execute(&pool)
+        .await?;
+    Ok((pool, Tables::in_schema(SCHEMA)?))
+}
+
 impl Bench {
     /// Drop and create the benchmark schema, migrated, plus a business table.
     pub(crate) async fn fresh(url: &str) -> Result<Self> {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(24)
-            .connect(url)
-            .await?;
-        sqlx::query(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
-            .execute(&pool)
-            .await?;
-        let tables = Tables::in_schema(SCHEMA)?;
+        let (pool, tables) = without_schema(url, 24).await?;
         pgoutbox_postgres::migrate(&pool, &tables).await?;
         sqlx::query(&format!(
             "CREATE TABLE {SCHEMA}.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \

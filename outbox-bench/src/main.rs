@@ -4,6 +4,7 @@
 //! `cargo run --release -p outbox-bench -- <scenario> [options]`; each scenario
 //! prints one result line (and a JSON object with `--json`).
 
+mod adopt;
 mod db;
 mod drain;
 mod group;
@@ -105,6 +106,9 @@ enum Scenario {
     /// Fairness of a relay group: one tenant's large backlog against many small
     /// tenants' live traffic, on one pool.
     Group(group::GroupArgs),
+    /// Adopt a seed-layout outbox of a million rows while producers write: how long
+    /// their INSERTs wait.
+    Adopt(adopt::AdoptArgs),
     /// Internal: the relay process measured by `rss`.
     #[command(hide = true)]
     RssChild(resources::RssChildArgs),
@@ -157,6 +161,7 @@ async fn run(cli: Cli) -> Result<()> {
         Scenario::Held(args) => shapes::held(url, &args).await?,
         Scenario::Horizon(args) => horizon::horizon(url, &args).await?,
         Scenario::Live(args) => live::live(url, &args).await?,
+        Scenario::Adopt(args) => adopt::adopt(url, &args).await?,
         Scenario::RssChild(args) => return resources::rss_child(url, &args).await,
     };
     let (text, json) = machine.since();

@@ -36,6 +36,26 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
+    /// An existing table cannot be adopted as an outbox ([`crate::adopt`]).
+    #[error("cannot adopt {table} as an outbox: {}", problems.join("; "))]
+    CannotAdopt {
+        /// `schema.table`.
+        table: String,
+        /// What is missing or conflicting, one item per column or object.
+        problems: Vec<String>,
+    },
+    /// An adoption ([`crate::adopt`]) could not take the table's exclusive lock:
+    /// a long transaction uses the table. The step that waited changed nothing;
+    /// steps done before it stay done, and running the adoption again resumes.
+    #[error("the lock of {table} was not free within {wait:?} in {tries} tries: a long transaction uses the table (see pg_stat_activity); run the adoption again to resume")]
+    LockNotFree {
+        /// `"schema"."table"`.
+        table: String,
+        /// The longest wait of each try.
+        wait: std::time::Duration,
+        /// How many tries.
+        tries: u32,
+    },
     /// The database reported an error.
     #[error("outbox database error: {0}")]
     Database(#[from] sqlx::Error),

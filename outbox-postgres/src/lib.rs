@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod adopt;
 mod cleanup;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
@@ -33,6 +34,7 @@ mod wakeup;
 pub mod wal;
 mod walk_start;
 
+pub use adopt::{adopt, adoption_plan, AdoptOptions, AdoptionPlan};
 pub use cleanup::Cleanup;
 pub use dead_letters::DeadLetters;
 pub use enqueue::{enqueue, Outbox};

@@ -48,13 +48,18 @@ const MIGRATIONS: &[Migration] = &[
     ),
     Migration::new(6, "relays", include_str!("../migrations/0006_relays.sql")),
     Migration::new(7, "held", include_str!("../migrations/0007_held.sql")),
+    Migration::new(
+        8,
+        "any_writer",
+        include_str!("../migrations/0008_any_writer.sql"),
+    ),
 ];
 
 /// The consumer inbox alone, for a service that consumes events and has no outbox
 /// of its own ([`migrate_inbox`]): the statements migration 1 ends with (checked by
 /// a test), idempotent, so a later full [`migrate`] of the same names finds the
 /// table in place.
-const INBOX: &str = include_str!("../migrations/inbox.sql");
+pub(crate) const INBOX: &str = include_str!("../migrations/inbox.sql");
 
 /// Create the outbox objects named by `tables` (schema, events table, indexes,
 /// dead-letter view, inbox table), applying only migrations not applied yet.
@@ -203,12 +208,47 @@ fn not_in(applied: &HashSet<i32>) -> impl Iterator<Item = &'static Migration> + 
     MIGRATIONS.iter().filter(|m| !applied.contains(&m.version))
 }
 
-fn render(template: &str, names: &[(&'static str, String)]) -> String {
+pub(crate) fn render(template: &str, names: &[(&'static str, String)]) -> String {
     names
         .iter()
         .fold(template.to_string(), |sql, (key, value)| {
             sql.replace(&format!("{{{{{key}}}}}"), value)
         })
+}
+
+/// Migration 1's statements that an adoption (`adopt.rs`) makes its own, rendered:
+/// the events table's indexes as `CREATE INDEX CONCURRENTLY IF NOT EXISTS`, each
+/// with its name (quotes removed), and the dead-letter view. Taken from the frozen
+/// text of migration 1, so an adopted table gets exactly its definitions.
+pub(crate) fn migration_1_statements(
+    names: &[(&'static str, String)],
+) -> (Vec<(String, String)>, String) {
+    let text: String = MIGRATIONS[0]
+        .template
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut indexes = Vec::new();
+    let mut view = String::new();
+    for statement in text.split(';').map(str::trim) {
+        if let Some(rest) = statement.strip_prefix("CREATE INDEX {{events_") {
+            let rendered = render(
+                &format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {{{{events_{rest}"),
+                names,
+            );
+            let name = rendered
+                .split_whitespace()
+                .nth(6)
+                .unwrap_or_default()
+                .trim_matches('"')
+                .to_owned();
+            indexes.push((name, rendered));
+        } else if statement.starts_with("CREATE VIEW") {
+            view = render(statement, names);
+        }
+    }
+    (indexes, view)
 }
 
 #[cfg(test)]
@@ -293,6 +333,30 @@ mod tests {
                 latest.version
             );
         }
+    }
+
+    /// An adoption takes migration 1's four event indexes and its view.
+    #[test]
+    fn migration_1_statements_are_its_indexes_and_view() {
+        let sql = Sql::new(&Tables::default());
+        let (indexes, view) = migration_1_statements(&sql.template_names);
+        let names: Vec<&str> = indexes.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "outbox_events_pending_idx",
+                "outbox_events_aggregate_idx",
+                "outbox_events_dead_idx",
+                "outbox_events_processed_idx"
+            ]
+        );
+        assert!(indexes.iter().all(|(_, s)| s
+            .starts_with("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"outbox_events_")
+            && !s.contains("{{")));
+        assert!(
+            view.starts_with("CREATE VIEW \"public\".\"outbox_dead_letters\""),
+            "{view}"
+        );
     }
 
     #[test]

@@ -453,6 +453,12 @@ impl Sql {
                 ("relays_pkey", tables.derived(tables.events(), "relays_pkey")),
                 ("notify_channel", format!("'{notify_channel}'")),
                 ("probe_function", probe_function.clone()),
+                // Migration 8: writers in any language (plain SQL).
+                ("events_headers_check", tables.derived(tables.events(), "headers_check")),
+                ("emit_function", tables.emit_function()),
+                ("emit_check_function", tables.emit_check_function()),
+                // Identifiers are validated ([a-z0-9_]): safe in a string literal.
+                ("wal_prefix", format!("'pgoutbox:{}'", tables.outbox_name())),
             ],
 
             enqueue_one: format!(

@@ -90,6 +90,26 @@ impl Tables {
         format!("{}.{}", self.schema, self.events)
     }
 
+    /// The function the SQL emit function asks whether this database may emit an
+    /// event now (migration 8; `wal::slot::guard_emit_function`), qualified.
+    pub(crate) fn emit_check_function(&self) -> String {
+        format!(
+            "{}.{}",
+            self.schema.quoted(),
+            self.derived(&self.events, "emit_check")
+        )
+    }
+
+    /// The SQL function that emits a WAL-mode event (migration 8), qualified and
+    /// quoted: `"schema"."<events>_emit"` (docs/sql-contract.md).
+    pub fn emit_function(&self) -> String {
+        format!(
+            "{}.{}",
+            self.schema.quoted(),
+            self.derived(&self.events, "emit")
+        )
+    }
+
     /// `"schema"."name"`.
     pub(crate) fn qualify(&self, name: &Ident) -> String {
         format!("{}.{}", self.schema.quoted(), name.quoted())

@@ -178,6 +178,46 @@ impl TestOutbox {
     }
 }
 
+/// The seed's outbox as the readers of the Go + PostgreSQL article this project
+/// follows create it (table, claim index, dead-letter view), in a fresh schema
+/// `outbox_test_<random>`, for adoption tests; `{schema}` is where it goes.
+pub const SEED_SCHEMA: &str = r#"
+CREATE SCHEMA {schema};
+CREATE TABLE {schema}.outbox_events (
+    id             UUID         PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregate_type VARCHAR(100) NOT NULL,
+    aggregate_id   VARCHAR(100) NOT NULL,
+    event_type     VARCHAR(100) NOT NULL,
+    payload        JSONB        NOT NULL,
+    attempts       INT          NOT NULL DEFAULT 0,
+    created_at     TIMESTAMPTZ  NOT NULL DEFAULT NOW(),
+    processed_at   TIMESTAMPTZ
+);
+CREATE INDEX idx_outbox_unprocessed ON {schema}.outbox_events (created_at) WHERE processed_at IS NULL;
+CREATE VIEW {schema}.outbox_dead_letters AS SELECT * FROM {schema}.outbox_events
+    WHERE attempts >= 5 AND processed_at IS NULL ORDER BY created_at;
+"#;
+
+/// The seed's producer statement (`InsertOutboxEvent`) against the seed's table in
+/// `schema`: `$1` aggregate type, `$2` aggregate id, `$3` event type, `$4` payload.
+pub fn seed_insert(schema: &crate::Ident) -> String {
+    format!(
+        "INSERT INTO {}.outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ($1, $2, $3, $4)",
+        schema.quoted()
+    )
+}
+
+/// Create the seed's outbox ([`SEED_SCHEMA`]) in a fresh schema; its names.
+pub async fn create_seed_outbox(pool: &PgPool) -> Result<Tables> {
+    let schema = format!("outbox_test_{}", uuid::Uuid::new_v4().simple());
+    let tables = Tables::in_schema(&schema)?;
+    sqlx::raw_sql(&SEED_SCHEMA.replace("{schema}", &tables.schema().quoted()))
+        .execute(pool)
+        .await?;
+    Ok(tables)
+}
+
 /// How [`TestOutbox::write`] writes events: into the outbox table ([`Outbox`]), or
 /// to the WAL (`WalOutbox`, feature `wal`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,6 +318,9 @@ mod slot_guard {
                 .await
                 .unwrap_or_else(|e| panic!("cannot create the test slot: {e}"));
             assert!(created, "the slot existed already");
+            slot::guard_emit_function(&outbox.pool, &outbox.tables, &this.slot)
+                .await
+                .unwrap_or_else(|e| panic!("cannot guard the emit function: {e}"));
             this
         }
 

@@ -317,6 +317,284 @@ async fn commit_writes_the_events_with_the_transaction_or_nothing() {
     close(stream, &outbox).await;
 }
 
+/// Emit `event` with the SQL function of migration 8 (`<events>_emit`) on `conn`,
+/// as a producer without the Rust crate would; the id is the event's own.
+async fn emit_sql(
+    outbox: &TestOutbox,
+    conn: &mut sqlx::PgConnection,
+    event: &NewEvent,
+) -> Result<Uuid, sqlx::Error> {
+    let headers = serde_json::to_value(&event.headers).unwrap();
+    sqlx::query_scalar(&format!(
+        "SELECT {}($1, $2, $3, $4, $5, $6, $7)",
+        outbox.tables.emit_function()
+    ))
+    .bind(&event.aggregate_type)
+    .bind(&event.aggregate_id)
+    .bind(&event.event_type)
+    .bind(&event.payload)
+    .bind(headers)
+    .bind(&event.destination)
+    .bind(event.id)
+    .fetch_one(conn)
+    .await
+}
+
+/// The message contents of the next transactions written to the WAL under `prefix`,
+/// as a logical decoding plugin receives them (`test_decoding`, a temporary slot
+/// created before they were written).
+async fn raw_messages(conn: &mut sqlx::PgConnection, slot: &str, prefix: &str) -> Vec<String> {
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT data FROM pg_logical_slot_get_changes($1, NULL, NULL) WHERE data LIKE 'message:%'",
+    )
+    .bind(slot)
+    .fetch_all(conn)
+    .await
+    .unwrap();
+    // "message: transactional: 1 prefix: P, sz: N content:C"
+    rows.into_iter()
+        .filter(|row| row.contains(&format!("prefix: {prefix},")))
+        .map(|row| row.split_once(" content:").unwrap().1.to_owned())
+        .collect()
+}
+
+/// A message's text with its id and creation time blanked, for comparing two
+/// emissions of one event.
+fn blank_id_and_time(content: &str, id: Uuid) -> String {
+    let content = content.replace(&id.to_string(), "ID");
+    let (head, time) = content.split_once(r#""created_at":""#).unwrap();
+    assert!(time.ends_with(r#"Z"}"#), "{time}");
+    let digits = time
+        .trim_end_matches(r#"Z"}"#)
+        .split_once('.')
+        .map(|(_, f)| f.len());
+    assert!(matches!(digits, None | Some(3 | 6 | 9)), "{time}");
+    format!("{head}\"created_at\":TIME}}")
+}
+
+/// The SQL emit function writes what `WalOutbox` writes: the same event emitted
+/// both ways gives byte-identical message contents (but for id and time) and the
+/// same event to the relay's reader, headers, destination and payload included.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sql_emit_function_writes_what_wal_outbox_writes() {
+    let (outbox, _slot, wal, mut stream) = reading_a_fresh_slot().await;
+    let mut raw = outbox.pool.acquire().await.unwrap();
+    let decoding = format!(
+        "outbox_test_decoding_{}",
+        &Uuid::new_v4().simple().to_string()[..12]
+    );
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'test_decoding', true)")
+        .bind(&decoding)
+        .execute(&mut *raw)
+        .await
+        .unwrap();
+
+    // Quotes, backslashes, control characters, non-ASCII text and spaces in the
+    // payload (kept verbatim), headers out of order, a destination.
+    let payload =
+        " { \"note\" : \"it's a \\\\ \\\"q\\\" \\n \u{e9}t\u{e9} \u{1f4e6}\", \"n\": [1, 2.50] } ";
+    let mut rust = NewEvent::from_json_str("order\t\"x\"", "a'b \u{e9}", "order.created", payload);
+    rust.headers.insert(
+        "traceparent".into(),
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+    );
+    rust.headers.insert("Z-last".into(), "z".into());
+    rust.headers
+        .insert("a\u{e9}".into(), "line\nbreak \u{1}".into());
+    rust.destination = Some("orders.special".into());
+    let mut sql = rust.clone();
+    sql.id = Uuid::new_v4();
+
+    let mut tx = outbox.pool.begin().await.unwrap();
+    wal.enqueue(&mut tx, &rust).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = outbox.pool.begin().await.unwrap();
+    assert_eq!(emit_sql(&outbox, &mut tx, &sql).await.unwrap(), sql.id);
+    tx.commit().await.unwrap();
+
+    let (from_rust, _) = next_transaction(&mut stream).await;
+    let (from_sql, _) = next_transaction(&mut stream).await;
+    let (a, b) = (&from_rust[0], &from_sql[0]);
+    assert_eq!((a.id, b.id), (rust.id, sql.id));
+    // Verbatim, but for the spaces around it, which no JSON reader keeps.
+    assert_eq!(b.payload.get(), payload.trim(), "the payload verbatim");
+    assert_eq!(
+        (
+            &a.aggregate_type,
+            &a.aggregate_id,
+            &a.event_type,
+            a.payload.get(),
+            &a.headers,
+            &a.destination
+        ),
+        (
+            &b.aggregate_type,
+            &b.aggregate_id,
+            &b.event_type,
+            b.payload.get(),
+            &b.headers,
+            &b.destination
+        ),
+    );
+    let age = chrono::Utc::now() - b.created_at;
+    assert!(
+        age >= chrono::Duration::zero() && age < chrono::Duration::minutes(1),
+        "{age}"
+    );
+
+    let prefix = wal.prefix().to_owned();
+    let contents = raw_messages(&mut raw, &decoding, &prefix).await;
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&decoding)
+        .execute(&mut *raw)
+        .await
+        .unwrap();
+    assert_eq!(contents.len(), 2, "{contents:?}");
+    assert_eq!(
+        blank_id_and_time(&contents[1], sql.id),
+        blank_id_and_time(&contents[0], rust.id),
+    );
+    drop(raw);
+    close(stream, &outbox).await;
+}
+
+/// The SQL emit function refuses to write where nothing would read what it
+/// writes, as `WalOutbox` does: before the WAL outbox is set up in the database,
+/// and once its slot is gone (SQLSTATE 55000, naming why); it writes while the slot
+/// can carry this database's events.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sql_emit_function_refuses_to_write_without_a_slot_of_this_database() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let refused = |error: sqlx::Error, needle: &str| {
+        let db = error.as_database_error().expect("a database error");
+        assert_eq!(db.code().as_deref(), Some("55000"), "{}", db.message());
+        assert!(
+            db.message()
+                .starts_with("pgoutbox: WAL outbox write refused: ")
+                && db.message().contains(needle),
+            "{needle:?} not in {:?}",
+            db.message()
+        );
+    };
+    let mut conn = outbox.pool.acquire().await.unwrap();
+    let before = emit_sql(&outbox, &mut conn, &event("a", 1)).await;
+    refused(
+        before.unwrap_err(),
+        "the WAL outbox is not set up in this database",
+    );
+    drop(conn);
+
+    let test_slot = TestSlot::create(&outbox).await;
+    let mut conn = outbox.pool.acquire().await.unwrap();
+    emit_sql(&outbox, &mut conn, &event("a", 2)).await.unwrap();
+
+    slot::drop(&outbox.pool, &test_slot.slot, &test_slot.publication)
+        .await
+        .unwrap();
+    let after = emit_sql(&outbox, &mut conn, &event("a", 3)).await;
+    refused(
+        after.unwrap_err(),
+        &format!("no replication slot {} exists", test_slot.slot),
+    );
+    drop(conn);
+    outbox.drop_schema().await.unwrap();
+}
+
+/// An event emitted from SQL in a transaction that rolls back is never read; bad
+/// input is refused with an error naming what is wrong (SQLSTATE 22023), and
+/// nothing is emitted.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sql_emit_function_refuses_bad_input_and_rolls_back_with_its_transaction() {
+    let (outbox, _slot, _, mut stream) = reading_a_fresh_slot().await;
+
+    let lost = event("a", 1);
+    let mut tx = outbox.pool.begin().await.unwrap();
+    emit_sql(&outbox, &mut tx, &lost).await.unwrap();
+    tx.rollback().await.unwrap();
+
+    let with = |f: &dyn Fn(&mut NewEvent)| {
+        let mut e = event("a", 2);
+        f(&mut e);
+        e
+    };
+    let cases: Vec<(NewEvent, &str)> = vec![
+        (
+            with(&|e| e.aggregate_id = String::new()),
+            "event field `aggregate_id` is empty",
+        ),
+        (
+            with(&|e| e.aggregate_type = " \t ".into()),
+            "event field `aggregate_type` is empty",
+        ),
+        (
+            with(&|e| e.event_type = "x".repeat(1025)),
+            "event field `event_type` is 1025 bytes long; the limit is 1024",
+        ),
+        (
+            with(&|e| e.destination = Some(String::new())),
+            "event field `destination` is empty",
+        ),
+        (
+            with(&|e| e.payload = "{not json".into()),
+            "is not valid JSON: invalid input syntax for type json",
+        ),
+        (
+            with(&|e| e.payload = r#"{"a":"\u0000"}"#.into()),
+            "contains \\u0000",
+        ),
+        (
+            with(&|e| {
+                e.headers.insert(String::new(), "x".into());
+            }),
+            "has a header with an empty name",
+        ),
+    ];
+    let mut conn = outbox.pool.acquire().await.unwrap();
+    for (bad, needle) in &cases {
+        let err = emit_sql(&outbox, &mut conn, bad).await.unwrap_err();
+        let db = err.as_database_error().expect("a database error");
+        assert!(
+            db.message().contains(needle),
+            "{needle:?} not in {:?}",
+            db.message()
+        );
+        assert_eq!(db.code().as_deref(), Some("22023"), "{}", db.message());
+    }
+    // Headers must be an object of strings: checked before anything is emitted.
+    let bad_headers = format!(
+        "SELECT {}('order', 'a', 'order.created', '{{}}', $1::jsonb)",
+        outbox.tables.emit_function()
+    );
+    for (headers, needle) in [
+        (r#"{"n": 1}"#, "header `n` of event"),
+        ("[]", "are a JSON array, not an object of strings"),
+    ] {
+        let err = sqlx::query(&bad_headers)
+            .bind(headers)
+            .execute(&mut *conn)
+            .await
+            .unwrap_err();
+        let message = err.as_database_error().unwrap().message().to_owned();
+        assert!(message.contains(needle), "{message}");
+    }
+    // Defaults: no headers, no destination, a fresh id.
+    let id: Uuid = sqlx::query_scalar(&format!(
+        "SELECT {}('order', 'z', 'order.created', '{{\"n\":1}}')",
+        outbox.tables.emit_function()
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    drop(conn);
+
+    // Nothing of the rolled-back or refused calls reached the WAL.
+    let (read, _) = next_transaction(&mut stream).await;
+    assert_eq!(ids(&read), [id]);
+    assert!(read[0].headers.is_empty() && read[0].destination.is_none());
+    assert_eq!(read[0].payload.get(), r#"{"n":1}"#);
+    close(stream, &outbox).await;
+}
+
 /// One setting switches a producer: the same `Outbox` calls write to the WAL
 /// with `with_wal` (nothing in the table) and to the table without it; a WAL
 /// outbox of other tables is refused.

@@ -61,6 +61,20 @@ pub(crate) struct MigrateArgs {
     /// none): applied, or printed with --print-sql.
     #[arg(long, conflicts_with = "after")]
     inbox_only: bool,
+    /// Adopt an existing outbox table in the seed's layout (`id, aggregate_type,
+    /// aggregate_id, event_type, payload, attempts, created_at, processed_at`) in
+    /// place, while its producers write: its pending events are then published, in
+    /// per-aggregate (created_at, id) order. Stop the old relay first
+    /// (docs/operations.md, "Adopting an existing outbox").
+    #[arg(long, conflicts_with_all = ["print_sql", "inbox_only"])]
+    adopt: bool,
+    /// With --adopt: say what the adoption would do and change nothing.
+    #[arg(long, requires = "adopt")]
+    dry_run: bool,
+    /// With --adopt: pending rows with at least this many attempts were given up on
+    /// by the old relay and become dead letters; 0 publishes them all.
+    #[arg(long, requires = "adopt", value_name = "N", default_value_t = 5)]
+    dead_letter_attempts: i32,
 }
 
 /// `outbox migrate`: every configured outbox (and the `[tenants]` schemas that
@@ -90,9 +104,30 @@ pub(crate) async fn migrate(
             Some(wal) => Some((wal, wal_preflight(pool, t, wal).await?)),
             None => None,
         };
-        pgoutbox_postgres::migrate(pool, t)
-            .await
-            .map_err(failure::db("migrate"))?;
+        if args.adopt {
+            let options = pgoutbox_postgres::AdoptOptions::default().dead_letter_attempts(
+                (args.dead_letter_attempts > 0).then_some(args.dead_letter_attempts),
+            );
+            if args.dry_run {
+                let plan = pgoutbox_postgres::adoption_plan(pool, t, &options)
+                    .await
+                    .map_err(adoption_failure)?;
+                print!("{plan}");
+                println!("dry run: nothing was changed");
+                continue;
+            }
+            let plan = pgoutbox_postgres::adopt(pool, t, &options)
+                .await
+                .map_err(adoption_failure)?;
+            print!("{plan}");
+            if !plan.already_migrated {
+                println!("adopted: {} is an outbox of this version", plan.table);
+            }
+        } else {
+            pgoutbox_postgres::migrate(pool, t)
+                .await
+                .map_err(failure::db("migrate"))?;
+        }
         if matches!(settings.wakeup, Wakeup::Notify { .. }) {
             pgoutbox_postgres::install_notify_trigger(pool, t)
                 .await
@@ -110,6 +145,10 @@ pub(crate) async fn migrate(
             let created = pgoutbox_postgres::wal::slot::create(pool, &slot, &wal.publication)
                 .await
                 .map_err(failure::db("creating the WAL outbox's slot"))?;
+            // Producers writing from SQL (`<events>_emit`) are checked against it too.
+            pgoutbox_postgres::wal::slot::guard_emit_function(pool, t, &slot)
+                .await
+                .map_err(failure::db("guarding the SQL emit function"))?;
             println!(
                 "WAL outbox: replication slot {slot} {}{} (publication {})",
                 if created { "created" } else { "exists" },
@@ -141,6 +180,17 @@ async fn wal_preflight(
         wal_slot::check(pool, &slot).await?;
     }
     Ok(slot)
+}
+
+/// A table that cannot be adopted is a usage mistake (exit 2): the operator named
+/// the wrong table or must change it first. Anything else failed at run time.
+fn adoption_failure(error: pgoutbox_postgres::Error) -> Failure {
+    match error {
+        error @ pgoutbox_postgres::Error::CannotAdopt { .. } => {
+            Failure::config(format!("migrate --adopt: {error}"))
+        }
+        error => failure::db("migrate --adopt")(error),
+    }
 }
 
 /// `outbox migrate --print-sql`: the script of each configured outbox, without a

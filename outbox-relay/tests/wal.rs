@@ -14,8 +14,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_delivered, command, default_publication, free_port, get, runs_of, sample, wait_for,
-    Config, DropSlot, RelayProcess,
+    assert_delivered, command, default_publication, free_port, get, receive, run_ok, runs_of,
+    sample, stream_consumer, wait_for, Config, DropSlot, RelayProcess,
 };
 use pgoutbox_core::testing::event;
 use pgoutbox_core::NewEvent;
@@ -27,17 +27,6 @@ use uuid::Uuid;
 
 /// Longest wait for what a test expects from a relay process.
 const WAIT: Duration = Duration::from_secs(60);
-
-fn run_ok(config: &std::path::Path, args: &[&str]) -> String {
-    let out = command(config, args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "outbox {args:?}: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
 
 /// `outbox <args>` failing with the config exit code; its stderr.
 fn refused(config: &std::path::Path, args: &[&str]) -> String {
@@ -445,5 +434,124 @@ async fn a_slot_made_under_the_former_default_name_keeps_its_events_across_the_u
     written.extend(write(&outbox.pool, &after_upgrade, 2, 10).await);
     let published = published_all(relay, &written).await;
     assert_each_once(&published, &written, "the relay");
+    outbox.drop_schema().await.unwrap();
+}
+
+/// Events emitted from SQL with `<events>_emit` (migration 8), as a producer in
+/// another language writes them: the binary publishes the committed ones to NATS,
+/// in commit order per aggregate, never one whose transaction rolled back nor a
+/// refused one; an event emitted from SQL arrives as the same event written with
+/// `WalOutbox` does (type, aggregate, headers, payload bytes).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_binary_publishes_what_the_sql_emit_function_wrote_and_nothing_rolled_back() {
+    let outbox = TestOutbox::new().await.unwrap();
+    let tag = Uuid::new_v4().simple().to_string()[..12].to_string();
+    let _slot = DropSlot::defaults(&outbox).await;
+    let stream = format!("OUTBOX_WALSQL_TEST_{tag}");
+    let config = Config::with_broker(
+        outbox.tables.schema().as_str(),
+        "0",
+        &format!(
+            "[broker]\nkind = \"nats\"\n[broker.nats]\nsubject_prefix = \"walsqltest{tag}\"\n\
+             ensure_stream = \"{stream}\"\n[wal]\nenabled = true\n"
+        ),
+    );
+    run_ok(&config.path, &["migrate"]);
+    let emit = format!(
+        "SELECT {}($1, $2, 'order.paid', $3, $4::jsonb)",
+        outbox.tables.emit_function()
+    );
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let headers = format!(r#"{{"traceparent": "{traceparent}"}}"#);
+    let payload = r#"{"total": 10, "note": "caf\u00e9"}"#;
+    let sql_event =
+        async |tx: &mut sqlx::PgConnection, aggregate: &str| -> Result<Uuid, sqlx::Error> {
+            sqlx::query_scalar(&emit)
+                .bind("order")
+                .bind(aggregate)
+                .bind(payload)
+                .bind(&headers)
+                .fetch_one(tx)
+                .await
+        };
+    let mut tx = outbox.pool.begin().await.unwrap();
+    let a1 = sql_event(&mut tx, "a").await.unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = outbox.pool.begin().await.unwrap();
+    let lost = sql_event(&mut tx, "c").await.unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = outbox.pool.begin().await.unwrap();
+    let refused = sql_event(&mut tx, "").await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("event field `aggregate_id` is empty"),
+        "{refused}"
+    );
+    tx.rollback().await.unwrap();
+    let mut rust = NewEvent::from_json_str("order", "b", "order.paid", payload);
+    rust.headers
+        .insert("traceparent".into(), traceparent.into());
+    outbox
+        .write(Writer::Wal, std::slice::from_ref(&rust), true)
+        .await
+        .unwrap();
+    let mut tx = outbox.pool.begin().await.unwrap();
+    let b2 = sql_event(&mut tx, "b").await.unwrap();
+    let a2 = sql_event(&mut tx, "a").await.unwrap();
+    tx.commit().await.unwrap();
+
+    let relay = RelayProcess::start(&config.path);
+    let (publisher, consumer) = stream_consumer(&stream, "walsqltest").await;
+    let mut received = Vec::new();
+    receive(&consumer, 4, Duration::from_secs(30), |message| {
+        received.push(message);
+        received.len()
+    })
+    .await;
+    let (status, _) = relay.terminate(Duration::from_secs(25));
+    assert!(status.success());
+    let late = consumer
+        .fetch(10, Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert!(
+        late.is_empty(),
+        "more than the four committed events arrived"
+    );
+    let ids: Vec<Uuid> = received.iter().map(|m| m.id()).collect();
+    assert!(!ids.contains(&lost), "a rolled-back event was published");
+    let written = [(a1, "a"), (rust.id, "b"), (b2, "b"), (a2, "a")];
+    let runs = written.iter().fold(
+        std::collections::HashMap::new(),
+        |mut runs, (id, aggregate)| {
+            runs.entry(aggregate.to_string())
+                .or_insert_with(Vec::new)
+                .push(*id);
+            runs
+        },
+    );
+    let arrived: Vec<(String, Uuid)> = received
+        .iter()
+        .map(|m| (m.metadata.aggregate_id.clone(), m.id()))
+        .collect();
+    assert_delivered(&arrived, &runs);
+    let by_id = |id: Uuid| received.iter().find(|m| m.id() == id).unwrap();
+    let (from_rust, from_sql) = (by_id(rust.id), by_id(b2));
+    for message in [from_rust, from_sql] {
+        assert_eq!(message.payload().unwrap(), payload.as_bytes());
+        assert_eq!(message.metadata.event_type, "order.paid");
+        assert_eq!(message.metadata.aggregate_type, "order");
+        assert_eq!(
+            message
+                .metadata
+                .headers
+                .get("traceparent")
+                .map(String::as_str),
+            Some(traceparent)
+        );
+    }
+    assert_eq!(from_rust.metadata.headers, from_sql.metadata.headers);
+    publisher.jetstream().delete_stream(&stream).await.unwrap();
     outbox.drop_schema().await.unwrap();
 }

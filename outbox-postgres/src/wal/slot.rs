@@ -249,6 +249,31 @@ pub async fn verify(conn: &mut PgConnection, slot: &Ident) -> Result<()> {
     }
 }
 
+/// Make the SQL emit function of `tables` (`<events>_emit`, migration 8, for
+/// producers that write WAL events from SQL) check `slot` on every call, as
+/// `WalOutbox` checks its writes: a write is refused with the reason (SQLSTATE
+/// 55000, the message starting `pgoutbox: WAL outbox write refused:`) while the
+/// slot cannot carry this database's events ([`problem`]). Until this runs, the
+/// emit function refuses every write: nothing set up a slot for it. Idempotent;
+/// `outbox migrate` with `[wal]` enabled runs it after creating the slot.
+pub async fn guard_emit_function(pool: &PgPool, tables: &Tables, slot: &Ident) -> Result<()> {
+    let sql = format!(
+        "CREATE OR REPLACE FUNCTION {}() RETURNS void LANGUAGE plpgsql STABLE AS $$ \
+         DECLARE problem text; \
+         BEGIN \
+             problem := {}; \
+             IF problem IS NOT NULL THEN \
+                 RAISE EXCEPTION '{REFUSED}%', problem \
+                     USING ERRCODE = 'object_not_in_prerequisite_state'; \
+             END IF; \
+         END $$",
+        tables.emit_check_function(),
+        problem_sql(&literal(slot.as_str()))
+    );
+    sqlx::raw_sql(&sql).execute(pool).await?;
+    Ok(())
+}
+
 /// Create the publication and the logical slot (plugin `pgoutput`) when missing.
 /// Returns whether the slot was created now. A slot of that name that exists and
 /// cannot carry this database's outbox ([`problem`]: another database's, another

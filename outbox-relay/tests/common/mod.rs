@@ -109,6 +109,73 @@ pub fn command(config: &Path, args: &[&str]) -> Command {
     cmd
 }
 
+/// Run `outbox` with `args` to its end; its standard output. Fails the test, with
+/// both outputs, when it does not exit 0.
+pub fn run_ok(config: &Path, args: &[&str]) -> String {
+    let out = command(config, args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "outbox {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A durable consumer of the JetStream `stream` from its start, once the relay
+/// that creates the stream as it starts has done so (at most 30 s), with the
+/// client it reads through (`OUTBOX_NATS_URL`).
+pub async fn stream_consumer(
+    stream: &str,
+    durable: &str,
+) -> (pgoutbox_nats::NatsPublisher, pgoutbox_nats::EventConsumer) {
+    let publisher = pgoutbox_nats::NatsConfig::from_env()
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let consumer = poll(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            pgoutbox_nats::EventConsumer::durable(publisher.jetstream(), stream, durable, "")
+                .await
+                .ok()
+        },
+    )
+    .await
+    .unwrap_or_else(|| panic!("no stream {stream} within 30 s"));
+    (publisher, consumer)
+}
+
+/// Fetch and acknowledge messages of `consumer`, handing each to `take`, which
+/// returns how many the test has now, until it has `want`; fails the test after
+/// `limit`.
+pub async fn receive(
+    consumer: &pgoutbox_nats::EventConsumer,
+    want: usize,
+    limit: Duration,
+    mut take: impl FnMut(pgoutbox_nats::EventMessage) -> usize,
+) {
+    let deadline = Instant::now() + limit;
+    let mut have = 0;
+    while have < want {
+        assert!(
+            Instant::now() < deadline,
+            "{have} of {want} messages within {limit:?}"
+        );
+        for message in consumer
+            .fetch(500, Duration::from_millis(500))
+            .await
+            .unwrap()
+        {
+            let message = message.unwrap();
+            message.ack().await.unwrap();
+            have = take(message);
+        }
+    }
+}
+
 /// A relay process: its stdout (the stdout broker's JSON lines) and its stderr (the
 /// log) are collected; the log is printed when a test fails with the process alive.
 pub struct RelayProcess {

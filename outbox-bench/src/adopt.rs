@@ -90,9 +90,11 @@ async fn produced_during<F: std::future::Future<Output = Result<T>>, T>(
     Ok((latencies, result?, took))
 }
 
+/// The `q` quantile of sorted durations, in milliseconds (the benchmark's one
+/// percentile rule, [`crate::stats::percentile`]).
 fn quantile(sorted: &[Duration], q: f64) -> f64 {
-    let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted.get(index).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    let millis: Vec<f64> = sorted.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    crate::stats::percentile(&millis, q)
 }
 
 pub(crate) async fn adopt(url: &str, args: &AdoptArgs) -> Result<Report> {

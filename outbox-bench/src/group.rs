@@ -14,7 +14,8 @@ use sqlx::{Connection, PgPool};
 use uuid::Uuid;
 
 use crate::db::{event_of, fill_outbox, run_while, Keys};
-use crate::latency::{commit_to_publish_millis, quantile, Stamping};
+use crate::latency::{commit_to_publish_millis, Stamping};
+use crate::stats::percentile;
 use crate::{progress, verdict, Report, Result};
 
 #[derive(Args, Debug)]
@@ -131,7 +132,7 @@ struct Phase {
 const WINDOWS: u32 = 6;
 
 /// Write `n` events into `tables` in one transaction, so that they appear at once;
-/// returns when it committed.
+/// the instant just before its COMMIT was sent.
 async fn commit_backlog(url: &str, tables: &Tables, n: u64) -> Result<Instant> {
     let outbox = Outbox::new(tables.clone());
     let keys = Keys::Uniform(10_000).draw(n);
@@ -143,8 +144,10 @@ async fn commit_backlog(url: &str, tables: &Tables, n: u64) -> Result<Instant> {
             .collect();
         outbox.enqueue_many(&mut tx, &events).await?;
     }
+    // The latency clock starts just before COMMIT is sent.
+    let stamped = Instant::now();
     tx.commit().await?;
-    Ok(Instant::now())
+    Ok(stamped)
 }
 
 /// Start the relays as `layout` says with tenant 0's backlog arriving as `arrival`
@@ -231,9 +234,11 @@ async fn phase(
             tasks.spawn(async move {
                 let mut tx = pool.begin().await?;
                 let id = outbox.enqueue(&mut tx, &event).await?;
+                // The latency clock starts just before COMMIT is sent.
+                let stamped = Instant::now();
                 tx.commit().await?;
                 if let Ok(mut c) = committed.lock() {
-                    c.push((id, Instant::now()));
+                    c.push((id, stamped));
                 }
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
             });
@@ -294,7 +299,7 @@ async fn phase(
     let half = Duration::from_millis(500);
     let by_half_second = (0..WINDOWS)
         .map(|w| {
-            Ok(quantile(
+            Ok(percentile(
                 &during(started + half * w, started + half * (w + 1))?,
                 0.99,
             ))
@@ -391,7 +396,7 @@ pub(crate) async fn group(url: &str, args: &GroupArgs) -> Result<Report> {
         .await?;
     }
 
-    let p = |millis: &[f64], q: f64| quantile(millis, q);
+    let p = |millis: &[f64], q: f64| percentile(millis, q);
     let max = shared.millis.last().copied().unwrap_or(0.0);
     let ratio = shared.big_rate / dedicated.big_rate;
     let idle_ratio = shared.big_rate / idle_rate;

@@ -19,6 +19,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::db::{Bench, SCHEMA};
+use crate::stats::{latency_millis, percentile};
 use crate::{progress, verdict, Report, Result};
 
 #[derive(Args, Debug)]
@@ -418,15 +419,6 @@ async fn produce(
     Ok(stamps)
 }
 
-/// Percentile `q` of sorted `values`.
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
 async fn run(url: &str, args: &HorizonArgs, binary: &Path, arm: Arm, seconds: u64) -> Result<Run> {
     let bench = Bench::fresh(url).await?;
     bench.analyze().await?;
@@ -479,11 +471,8 @@ async fn run(url: &str, args: &HorizonArgs, binary: &Path, arm: Arm, seconds: u6
     let states = sampler.await.map_err(|e| format!("sampler: {e}"))?;
     let arrivals_now = arrivals.lock().map(|a| a.clone()).unwrap_or_default();
 
-    let latency = |id: &Uuid, sent: &Instant| {
-        arrivals_now
-            .get(id)
-            .map(|at| at.saturating_duration_since(*sent).as_secs_f64() * 1000.0)
-    };
+    let latency =
+        |id: &Uuid, sent: &Instant| arrivals_now.get(id).map(|at| latency_millis(*sent, *at));
     let mut all: Vec<f64> = stamps.iter().filter_map(|(id, s)| latency(id, s)).collect();
     all.sort_by(f64::total_cmp);
     let lost = stamps.len() - all.len();

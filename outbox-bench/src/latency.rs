@@ -10,6 +10,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::db::{is_drained, produce_at_rate, run_while, Bench};
+use crate::stats::{latency_millis, percentile};
 use crate::{progress, verdict, Mode, Report, Result};
 
 #[derive(Args, Debug)]
@@ -94,7 +95,7 @@ impl Publisher for Stamping {
     }
 }
 
-struct Percentiles {
+struct ModeLatency {
     p50: f64,
     p90: f64,
     p99: f64,
@@ -103,7 +104,7 @@ struct Percentiles {
     offered: f64,
 }
 
-async fn measure(bench: &Bench, mode: Mode, rate: u64, duration: Duration) -> Result<Percentiles> {
+async fn measure(bench: &Bench, mode: Mode, rate: u64, duration: Duration) -> Result<ModeLatency> {
     let publisher = Stamping::default();
     let relay = bench.relay(mode, publisher.clone()).await?;
     let (committed, offered) = run_while(&relay, async {
@@ -122,27 +123,26 @@ async fn measure(bench: &Bench, mode: Mode, rate: u64, duration: Duration) -> Re
     .await?;
 
     let millis = commit_to_publish_millis(&committed, &publisher.published())?;
-    Ok(Percentiles {
-        p50: quantile(&millis, 0.50),
-        p90: quantile(&millis, 0.90),
-        p99: quantile(&millis, 0.99),
+    Ok(ModeLatency {
+        p50: percentile(&millis, 0.50),
+        p90: percentile(&millis, 0.90),
+        p99: percentile(&millis, 0.99),
         max: millis.last().copied().unwrap_or(0.0),
         count: millis.len(),
         offered,
     })
 }
 
-/// Milliseconds from each commit to its event's publish, sorted; an error when an
-/// event was not published. The publish may see an event before the producer's
-/// commit call returned: 0.
+/// Commit-to-publish milliseconds of each committed event, sorted (the one
+/// definition of [`crate::stats::latency_millis`]); an error when an event was not
+/// published.
 pub(crate) fn commit_to_publish_millis(
     committed: &[(Uuid, Instant)],
     published: &HashMap<Uuid, Instant>,
 ) -> Result<Vec<f64>> {
     let mut millis: Vec<f64> = committed
         .iter()
-        .filter_map(|(id, at)| published.get(id).map(|p| p.saturating_duration_since(*at)))
-        .map(|d| d.as_secs_f64() * 1000.0)
+        .filter_map(|(id, at)| published.get(id).map(|p| latency_millis(*at, *p)))
         .collect();
     if millis.len() != committed.len() {
         return Err(format!(
@@ -154,12 +154,6 @@ pub(crate) fn commit_to_publish_millis(
     }
     millis.sort_by(f64::total_cmp);
     Ok(millis)
-}
-
-/// The `q` quantile of sorted values (0 when there are none).
-pub(crate) fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len().max(1)) - 1;
-    sorted.get(i).copied().unwrap_or(0.0)
 }
 
 /// Latency percentiles per wake-up mode.

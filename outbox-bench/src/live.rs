@@ -352,6 +352,7 @@ mod nats {
 
     use super::{LiveArgs, LiveResult, Outage, OutageResult};
     use crate::db::{fresh_stream, produce_at_rate, Bench, SCHEMA};
+    use crate::stats::{latency_millis, Percentiles};
     use crate::Result;
 
     const PREFIX: &str = "outboxlive";
@@ -623,11 +624,7 @@ mod nats {
         // Commit-to-delivery of each delivered event, with its commit instant.
         let latencies: Vec<(Instant, f64)> = committed
             .iter()
-            .filter_map(|(id, at)| {
-                first
-                    .get(id)
-                    .map(|d| (*at, d.saturating_duration_since(*at).as_secs_f64() * 1000.0))
-            })
+            .filter_map(|(id, at)| first.get(id).map(|d| (*at, latency_millis(*at, *d))))
             .collect();
         let lost = committed.len() - latencies.len();
         let all = Percentiles::of(latencies.iter().map(|(_, ms)| *ms));
@@ -677,25 +674,5 @@ mod nats {
             drained_after,
             outage,
         })
-    }
-
-    /// Sorted latencies, in milliseconds.
-    struct Percentiles(Vec<f64>);
-
-    impl Percentiles {
-        fn of(millis: impl Iterator<Item = f64>) -> Self {
-            let mut millis: Vec<f64> = millis.collect();
-            millis.sort_by(f64::total_cmp);
-            Self(millis)
-        }
-
-        fn at(&self, q: f64) -> f64 {
-            let i = ((self.0.len() as f64 * q).ceil() as usize).clamp(1, self.0.len().max(1)) - 1;
-            self.0.get(i).copied().unwrap_or(f64::NAN)
-        }
-
-        fn max(&self) -> f64 {
-            self.0.last().copied().unwrap_or(f64::NAN)
-        }
     }
 }

@@ -82,3 +82,28 @@ impl MachineAtStart {
         (text, json)
     }
 }
+
+/// The machine in one line: CPU model and count, memory, kernel.
+pub(crate) fn describe() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, m)| m.trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let memory_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or("unknown memory".into(), |kb| {
+            format!("{:.0} GiB", kb / 1024.0 / 1024.0)
+        });
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or("unknown kernel".into(), |k| format!("Linux {}", k.trim()));
+    format!("{cpus} x {model}, {memory_gib}, {kernel}")
+}

@@ -13,8 +13,10 @@ mod latency;
 mod live;
 mod machine;
 mod produce;
+mod report;
 mod resources;
 mod shapes;
+mod stats;
 mod wal;
 
 use clap::{Parser, Subcommand};
@@ -109,6 +111,9 @@ enum Scenario {
     /// Adopt a seed-layout outbox of a million rows while producers write: how long
     /// their INSERTs wait.
     Adopt(adopt::AdoptArgs),
+    /// Every headline scenario, alternated over rounds, as one table (see
+    /// BENCHMARKS.md); builds nothing: runs this binary and the `outbox` binary.
+    Report(report::ReportArgs),
     /// Internal: the relay process measured by `rss`.
     #[command(hide = true)]
     RssChild(resources::RssChildArgs),
@@ -162,6 +167,7 @@ async fn run(cli: Cli) -> Result<()> {
         Scenario::Horizon(args) => horizon::horizon(url, &args).await?,
         Scenario::Live(args) => live::live(url, &args).await?,
         Scenario::Adopt(args) => adopt::adopt(url, &args).await?,
+        Scenario::Report(args) => report::report(url, &args).await?,
         Scenario::RssChild(args) => return resources::rss_child(url, &args).await,
     };
     let (text, json) = machine.since();
@@ -183,6 +189,12 @@ pub(crate) fn verdict(met: bool) -> &'static str {
     } else {
         "NOT met"
     }
+}
+
+/// The order of a round's two sides: the first side first in even rounds, second
+/// in odd ones, so that neither side always has the warmer (or the tireder) machine.
+pub(crate) fn sides(round: usize) -> [bool; 2] {
+    [round.is_multiple_of(2), !round.is_multiple_of(2)]
 }
 
 /// Progress on standard error, so result lines stay alone on standard output.

@@ -8,6 +8,7 @@ use pgoutbox_postgres::{PgStore, Retention, StoreConfig};
 use serde_json::json;
 
 use crate::db::{run_relays, Bench, Keys};
+use crate::stats::{median, ratios_per_round};
 use crate::{progress, verdict, Report, Result};
 
 /// The statistics PostgreSQL has of the events table when a drain starts.
@@ -81,21 +82,22 @@ pub(crate) struct ShapesArgs {
     #[arg(long, value_enum, default_value_t = Stats::Full)]
     stats: Stats,
     /// Rounds; each drains every shape ordered and unordered, the two in turn
-    /// first, and each figure is the best of its rounds (the machine drifts).
-    #[arg(long, default_value_t = 2)]
+    /// first; figures are medians and ratios per round.
+    #[arg(long, default_value_t = 3)]
     rounds: usize,
 }
 
-/// One key distribution's best ordered and unordered drain rates.
+/// One key distribution's ordered and unordered drain rates, one of each per round.
 struct ShapeRates {
     name: String,
-    ordered: f64,
-    unordered: f64,
+    ordered: Vec<f64>,
+    unordered: Vec<f64>,
 }
 
 impl ShapeRates {
+    /// The median of the ratios per round.
     fn ratio(&self) -> f64 {
-        self.ordered / self.unordered
+        median(&ratios_per_round(&self.ordered, &self.unordered))
     }
 }
 
@@ -125,28 +127,26 @@ pub(crate) async fn shapes(url: &str, args: &ShapesArgs) -> Result<Report> {
         .iter()
         .map(|keys| ShapeRates {
             name: keys.describe(),
-            ordered: 0.0,
-            unordered: 0.0,
+            ordered: Vec::new(),
+            unordered: Vec::new(),
         })
         .collect();
     for round in 0..args.rounds.max(1) {
-        for (keys, best) in shapes.iter().zip(rates.iter_mut()) {
-            // Ordered first in even rounds, unordered first in odd ones.
-            for ordering in [round % 2 == 0, round % 2 == 1] {
+        for (keys, shape) in shapes.iter().zip(rates.iter_mut()) {
+            for ordering in crate::sides(round) {
                 let bench = backlog(url, n, keys, args.stats).await?;
                 let rate = drain_rate(&bench, n, 1, ordering).await?;
                 let mode = if ordering { "ordered" } else { "unordered" };
                 progress(format!(
                     "round {}, {}, {mode}: {rate:.0} events/s",
                     round + 1,
-                    best.name
+                    shape.name
                 ));
-                let slot = if ordering {
-                    &mut best.ordered
+                if ordering {
+                    shape.ordered.push(rate);
                 } else {
-                    &mut best.unordered
-                };
-                *slot = slot.max(rate);
+                    shape.unordered.push(rate);
+                }
             }
         }
     }
@@ -160,16 +160,16 @@ pub(crate) async fn shapes(url: &str, args: &ShapesArgs) -> Result<Report> {
             format!(
                 "{} {:.0} vs {:.0} ({:.2})",
                 r.name,
-                r.ordered,
-                r.unordered,
+                median(&r.ordered),
+                median(&r.unordered),
                 r.ratio()
             )
         })
         .collect();
     Ok(Report {
         line: format!(
-            "shapes: ordered vs unordered drain of the same backlog, events/s, best of {} \
-             rounds: {}; worst ratio {worst:.2} (target >= 0.8: {}) \
+            "shapes: ordered vs unordered drain of the same backlog, events/s, medians of {} \
+             rounds: {}; worst median ratio {worst:.2} (target >= 0.8: {}) \
              [events={n} per backlog, 1 relay, null publisher, {}; zipf hottest key {hottest} events]",
             args.rounds.max(1),
             parts.join(", "),
@@ -180,8 +180,9 @@ pub(crate) async fn shapes(url: &str, args: &ShapesArgs) -> Result<Report> {
             "scenario": "shapes", "events": n, "stats": args.stats.name(),
             "rounds": args.rounds.max(1),
             "shapes": rates.iter().map(|r| json!({
-                "keys": r.name, "ordered_events_per_s": r.ordered,
-                "unordered_events_per_s": r.unordered, "ratio": r.ratio(),
+                "keys": r.name, "ordered_events_per_s": median(&r.ordered),
+                "unordered_events_per_s": median(&r.unordered), "ratio": r.ratio(),
+                "ordered_rounds": r.ordered, "unordered_rounds": r.unordered,
             })).collect::<Vec<_>>(),
             "zipf_hottest_key_events": hottest,
             "worst_ratio": worst, "target_met": worst >= 0.8,
@@ -200,23 +201,38 @@ pub(crate) struct BacklogArgs {
     /// Aggregates the events belong to.
     #[arg(long, default_value_t = 10)]
     aggregates: u64,
+    /// Rounds; each drains both backlogs, the two in turn first.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 /// Ordered drain rate of a large backlog against a small one: a claim's cost must
 /// not grow with what is pending behind it.
 pub(crate) async fn backlog_size(url: &str, args: &BacklogArgs) -> Result<Report> {
     let keys = Keys::Uniform(args.aggregates);
-    let bench = backlog(url, args.small, &keys, Stats::Full).await?;
-    let small = drain_rate(&bench, args.small, 1, true).await?;
-    progress(format!("{} events: {small:.0} events/s", args.small));
-    let bench = backlog(url, args.large, &keys, Stats::Full).await?;
-    let large = drain_rate(&bench, args.large, 1, true).await?;
-    progress(format!("{} events: {large:.0} events/s", args.large));
-    let ratio = large / small;
+    let (mut larges, mut smalls) = (Vec::new(), Vec::new());
+    for round in 0..args.rounds.max(1) {
+        for large_side in crate::sides(round) {
+            let n = if large_side { args.large } else { args.small };
+            let bench = backlog(url, n, &keys, Stats::Full).await?;
+            let rate = drain_rate(&bench, n, 1, true).await?;
+            progress(format!(
+                "round {}, {n} events: {rate:.0} events/s",
+                round + 1
+            ));
+            if large_side {
+                larges.push(rate);
+            } else {
+                smalls.push(rate);
+            }
+        }
+    }
+    let ratios = ratios_per_round(&larges, &smalls);
+    let (large, small, ratio) = (median(&larges), median(&smalls), median(&ratios));
     Ok(Report {
         line: format!(
             "backlog: ordered drain of {} events {large:.0} events/s vs {} events \
-             {small:.0} events/s, ratio {ratio:.2} (target >= 0.9: {}) \
+             {small:.0} events/s (medians), median ratio per round {ratio:.2} (target >= 0.9: {}) \
              [{} aggregates, 1 relay, null publisher, analysed while full]",
             args.large,
             args.small,
@@ -227,6 +243,7 @@ pub(crate) async fn backlog_size(url: &str, args: &BacklogArgs) -> Result<Report
             "scenario": "backlog", "aggregates": args.aggregates,
             "large": args.large, "small": args.small,
             "large_events_per_s": large, "small_events_per_s": small,
+            "large_rounds": larges, "small_rounds": smalls, "ratio_rounds": ratios,
             "ratio": ratio, "target_met": ratio >= 0.9,
         }),
     })
@@ -244,8 +261,8 @@ pub(crate) struct ScalingArgs {
     #[arg(long, default_value_t = 4)]
     relays: usize,
     /// Rounds; each drains with one relay and with `relays`, the two in turn
-    /// first, and each figure is the best of its rounds (the machine drifts).
-    #[arg(long, default_value_t = 2)]
+    /// first; figures are medians and ratios per round.
+    #[arg(long, default_value_t = 3)]
     rounds: usize,
 }
 
@@ -256,42 +273,49 @@ pub(crate) async fn scaling(url: &str, args: &ScalingArgs) -> Result<Report> {
     let mut results = Vec::new();
     let rounds = args.rounds.max(1);
     for stats in [Stats::Never, Stats::Empty, Stats::Full] {
-        let (mut one, mut many) = (0.0_f64, 0.0_f64);
+        let (mut ones, mut manys) = (Vec::new(), Vec::new());
         for round in 0..rounds {
-            // One relay first in even rounds, several first in odd ones.
-            for single in [round % 2 == 0, round % 2 == 1] {
+            for single in crate::sides(round) {
                 let relays = if single { 1 } else { args.relays };
                 let bench = backlog(url, n, &keys, stats).await?;
                 let rate = drain_rate(&bench, n, relays, true).await?;
-                let best = if single { &mut one } else { &mut many };
-                *best = best.max(rate);
+                if single {
+                    ones.push(rate);
+                } else {
+                    manys.push(rate);
+                }
             }
         }
         progress(format!(
-            "{}: 1 relay {one:.0}, {} relays {many:.0} events/s",
+            "{}: 1 relay {:.0}, {} relays {:.0} events/s (medians)",
             stats.name(),
-            args.relays
+            median(&ones),
+            args.relays,
+            median(&manys)
         ));
-        results.push((stats, one, many));
+        results.push((stats, ones, manys));
     }
+    let ratio = |ones: &[f64], manys: &[f64]| median(&ratios_per_round(manys, ones));
     let worst = results
         .iter()
-        .map(|(_, one, many)| many / one)
+        .map(|(_, ones, manys)| ratio(ones, manys))
         .fold(f64::INFINITY, f64::min);
     let parts: Vec<String> = results
         .iter()
-        .map(|(stats, one, many)| {
+        .map(|(stats, ones, manys)| {
             format!(
-                "{}: 1 relay {one:.0}, {} relays {many:.0} ({:.2})",
+                "{}: 1 relay {:.0}, {} relays {:.0} ({:.2})",
                 stats.name(),
+                median(ones),
                 args.relays,
-                many / one
+                median(manys),
+                ratio(ones, manys)
             )
         })
         .collect();
     Ok(Report {
         line: format!(
-            "scaling: ordered drain, events/s, best of {rounds} rounds: {}; worst ratio {worst:.2} \
+            "scaling: ordered drain, events/s, medians of {rounds} rounds: {}; worst median ratio {worst:.2} \
              (target >= 0.8: {}) [events={n} over {} aggregates, null publisher]",
             parts.join("; "),
             verdict(worst >= 0.8),
@@ -300,9 +324,10 @@ pub(crate) async fn scaling(url: &str, args: &ScalingArgs) -> Result<Report> {
         json: json!({
             "scenario": "scaling", "events": n, "aggregates": args.aggregates,
             "relays": args.relays, "rounds": rounds,
-            "states": results.iter().map(|(stats, one, many)| json!({
-                "stats": stats.name(), "one_relay_events_per_s": one,
-                "relays_events_per_s": many, "ratio": many / one,
+            "states": results.iter().map(|(stats, ones, manys)| json!({
+                "stats": stats.name(), "one_relay_events_per_s": median(ones),
+                "relays_events_per_s": median(manys), "ratio": ratio(ones, manys),
+                "one_relay_rounds": ones, "relays_rounds": manys,
             })).collect::<Vec<_>>(),
             "worst_ratio": worst, "target_met": worst >= 0.8,
         }),
@@ -321,9 +346,9 @@ pub(crate) struct HeldArgs {
     /// event leaves; their events are not in the backlog).
     #[arg(long, default_value_t = 20_000)]
     held: u64,
-    /// Rounds; each drains with and without the holds, the two in turn first, and
-    /// each figure is the best of its rounds.
-    #[arg(long, default_value_t = 2)]
+    /// Rounds; each drains with and without the holds, the two in turn first;
+    /// figures are medians and ratios per round.
+    #[arg(long, default_value_t = 3)]
     rounds: usize,
 }
 
@@ -336,12 +361,12 @@ pub(crate) async fn held(url: &str, args: &HeldArgs) -> Result<Report> {
     let keys = Keys::Uniform(args.aggregates);
     let n = args.events;
     let rounds = args.rounds.max(1);
-    let (mut free, mut with_holds) = (0.0_f64, 0.0_f64);
+    let (mut frees, mut helds) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        for none_held in [round % 2 == 0, round % 2 == 1] {
+        for none_held in crate::sides(round) {
             let bench = Bench::fresh(url).await?;
             sqlx::raw_sql(&format!(
-                "ANALYZE {schema}.outbox_events; ANALYZE {schema}.outbox_events_holds",
+                "ANALYZE {schema}.outbox_events; ANALYZE {schema}.outbox_events_held",
                 schema = crate::db::SCHEMA
             ))
             .execute(&bench.pool)
@@ -360,7 +385,7 @@ pub(crate) async fn held(url: &str, args: &HeldArgs) -> Result<Report> {
             if !none_held {
                 // Aggregates of another type: none of the backlog's.
                 sqlx::query(&format!(
-                    "INSERT INTO {}.outbox_events_holds (aggregate_type, aggregate_id, until) \
+                    "INSERT INTO {}.outbox_events_held (aggregate_type, aggregate_id, until) \
                      SELECT 'held', 'held-' || i, now() + interval '1 hour' \
                      FROM generate_series(1, $1) AS i",
                     crate::db::SCHEMA
@@ -376,19 +401,19 @@ pub(crate) async fn held(url: &str, args: &HeldArgs) -> Result<Report> {
                 "round {}, {holds} held: {rate:.0} events/s",
                 round + 1
             ));
-            let best = if none_held {
-                &mut free
+            if none_held {
+                frees.push(rate);
             } else {
-                &mut with_holds
-            };
-            *best = best.max(rate);
+                helds.push(rate);
+            }
         }
     }
-    let ratio = with_holds / free;
+    let ratios = ratios_per_round(&helds, &frees);
+    let (free, with_holds, ratio) = (median(&frees), median(&helds), median(&ratios));
     Ok(Report {
         line: format!(
             "held: ordered drain with {} other aggregates held {with_holds:.0} events/s vs \
-             none held {free:.0} events/s, best of {rounds} rounds, ratio {ratio:.2} \
+             none held {free:.0} events/s, medians of {rounds} rounds, median ratio per round {ratio:.2} \
              (target >= 0.9: {}) [events={n} over {} aggregates, 1 relay, null publisher, \
              events and holds analysed while empty]",
             args.held,
@@ -399,6 +424,7 @@ pub(crate) async fn held(url: &str, args: &HeldArgs) -> Result<Report> {
             "scenario": "held", "events": n, "aggregates": args.aggregates,
             "held": args.held, "rounds": rounds,
             "held_events_per_s": with_holds, "none_held_events_per_s": free,
+            "held_rounds": helds, "none_held_rounds": frees, "ratio_rounds": ratios,
             "ratio": ratio, "target_met": ratio >= 0.9,
         }),
     })

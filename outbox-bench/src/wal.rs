@@ -15,8 +15,9 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::db::{event, produce_at_rate, run_while, Bench};
-use crate::latency::{commit_to_publish_millis, quantile, Stamping};
+use crate::latency::{commit_to_publish_millis, Stamping};
 use crate::produce::{write_for, Work};
+use crate::stats::percentile;
 use crate::{progress, verdict, Mode, Report, Result};
 
 #[derive(Args, Debug)]
@@ -166,8 +167,8 @@ async fn drained_by<S: Store>(relay: &Relay<S, Stamping>, n: u64) -> Result<Dura
 fn percentiles(committed: &[(Uuid, Instant)], published: &Stamping) -> Result<(f64, f64, f64)> {
     let millis = commit_to_publish_millis(committed, &published.published())?;
     Ok((
-        quantile(&millis, 0.5),
-        quantile(&millis, 0.99),
+        percentile(&millis, 0.5),
+        percentile(&millis, 0.99),
         millis.last().copied().unwrap_or(0.0),
     ))
 }

@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::row;
 use crate::sql::Sql;
 
-/// Bind `filter`'s fields as the parameters `$1..$5` of a dead-letter statement.
+/// Bind `filter`'s fields as the parameters `$1..$6` of a dead-letter statement.
 fn bind_filter<'q>(
     filter: &'q DeadLetterFilter,
     query: Query<'q, Postgres, PgArguments>,
@@ -24,6 +24,7 @@ fn bind_filter<'q>(
         .bind(filter.aggregate_id.as_deref())
         .bind(filter.older_than.map(|d| d.as_secs_f64()))
         .bind(filter.ids.as_deref())
+        .bind(filter.error_contains.as_deref())
 }
 
 /// Administration of the dead letters of one outbox.

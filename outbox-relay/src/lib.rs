@@ -30,12 +30,15 @@
 mod admin;
 mod broker;
 mod config;
+mod console;
 mod db;
 mod dead_letters;
 mod exporter;
 mod failure;
+mod history;
 mod http;
 mod members;
+mod scrape;
 mod serve;
 mod targets;
 mod wal_slot;

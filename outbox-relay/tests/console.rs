@@ -11,10 +11,13 @@ mod webdriver;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{dead_count, get, ids_where, poll, request, run_ok, Config, RelayProcess};
+use common::{
+    dead_count, drop_schema, get, ids_where, poll, request, run_ok, Config, RelayProcess,
+};
 use pgoutbox_core::testing::RecordingPublisher;
 use pgoutbox_core::{NewEvent, PublishError, Relay};
-use pgoutbox_postgres::testing::TestOutbox;
+use pgoutbox_postgres::testing::{database_url, TestOutbox};
+use pgoutbox_postgres::Tables;
 use serde_json::{json, Value};
 use uuid::Uuid;
 use webdriver::Browser;
@@ -309,4 +312,99 @@ async fn without_a_token_file_the_console_is_read_only_and_off_by_default() {
     assert_eq!(get(port, "/console/api/overview").unwrap().0, 404);
     off.terminate(LIMIT);
     outbox.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_outbox_and_tenant_of_the_process_is_on_the_overview() {
+    let orders = TestOutbox::new().await.unwrap();
+    let billing = TestOutbox::new().await.unwrap();
+    dead_heads_with_followers(&billing, &[("x", json!({}))]).await;
+    let prefix = format!("console_{}", Uuid::new_v4().simple());
+    let tenant = format!("{prefix}_t1");
+    pgoutbox_postgres::migrate(&orders.pool, &Tables::in_schema(&tenant).unwrap())
+        .await
+        .unwrap();
+    let port = common::free_port();
+    let config = Config::new(&format!(
+        r#"{head}pending_refresh = "200ms"
+
+[[outbox]]
+schema = "{orders}"
+
+[[outbox]]
+name = "billing"
+schema = "{billing}"
+
+[tenants]
+schemas = "{prefix}\\_%"
+interval = "300ms"
+
+[http]
+listen = "127.0.0.1:{port}"
+
+[broker]
+kind = "stdout"
+
+[console]
+enabled = true
+sample_interval = "200ms"
+"#,
+        head =
+            Config::head(&database_url(), "unused").replace("[tables]\nschema = \"unused\"\n", ""),
+        orders = orders.tables.schema().as_str(),
+        billing = billing.tables.schema().as_str(),
+    ));
+    let relay = RelayProcess::start(&config.path);
+    wait_until_serving(port).await;
+    let tenant_name = Tables::in_schema(&tenant).unwrap().outbox_name();
+    let rows = poll(LIMIT, Duration::from_millis(100), async || {
+        let overview = json_of(port, "/console/api/overview");
+        let rows = overview["outboxes"].as_array().cloned().unwrap_or_default();
+        (rows.len() == 3).then_some(rows)
+    })
+    .await
+    .expect("three outboxes on the overview");
+    let by_name = |name: &str| {
+        rows.iter()
+            .find(|r| r["name"] == json!(name))
+            .unwrap_or_else(|| panic!("{name} is not on the overview: {rows:?}"))
+            .clone()
+    };
+    let first = by_name(&orders.tables.outbox_name());
+    assert_eq!(
+        (&first["kind"], &first["pending"]),
+        (&json!("outbox"), &json!(0))
+    );
+    let second = by_name("billing");
+    assert_eq!(
+        (&second["kind"], &second["dead_letters"], &second["pending"]),
+        (&json!("outbox"), &json!(1), &json!(1)),
+        "{second}"
+    );
+    assert_eq!(by_name(&tenant_name)["kind"], json!("tenant"));
+
+    // Listing one outbox by name; an unknown one is a clear error.
+    let listed = json_of(port, "/console/api/dead-letters?outbox=billing");
+    assert_eq!(listed["outboxes"].as_array().unwrap().len(), 1);
+    assert_eq!(listed["outboxes"][0]["total"], json!(1));
+    let (status, body) = get(port, "/console/api/dead-letters?outbox=nope").unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("no outbox named `nope`"), "{body}");
+    // Each outbox has its history.
+    let history = poll(LIMIT, Duration::from_millis(100), async || {
+        let history = json_of(port, "/console/api/history");
+        let series = history["outboxes"].as_object()?.clone();
+        (series.len() == 3
+            && series
+                .values()
+                .all(|s| s.as_array().is_some_and(|p| p.len() >= 2)))
+        .then_some(series)
+    })
+    .await;
+    assert!(history.is_some(), "a history per outbox");
+
+    relay.terminate(LIMIT);
+    drop_schema(&orders.pool, &tenant).await;
+    orders.drop_schema().await.unwrap();
+    billing.drop_schema().await.unwrap();
 }

@@ -738,8 +738,11 @@ impl Sql {
                  WHERE {pending} AND available_at <= now() LIMIT $1 FOR KEY SHARE SKIP LOCKED) f"
             ),
             dead_count: format!("SELECT count(*) FROM {events} WHERE {dead}"),
+            // $8: a page's cursor, the last dead letter of the previous page (its
+            // `seq`, looked up by id, so callers need not know the column).
             dead_list: format!(
                 "SELECT {EVENT_COLUMNS}, last_error, dead_at FROM {events} WHERE {dead} \
+                 AND ($8::uuid IS NULL OR seq > (SELECT c.seq FROM {events} c WHERE c.id = $8)) \
                  ORDER BY seq LIMIT $7"
             ),
             // A retried dead letter goes back into the pending index below where

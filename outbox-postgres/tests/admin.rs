@@ -102,6 +102,14 @@ async fn dead_letters_can_be_listed_filtered_retried_and_purged() {
     assert_eq!(dl.list(&rejected, 10).await.unwrap().len(), 3);
     let timeouts = rejected.clone().error_contains("timed out");
     assert_eq!(dl.count(&timeouts).await.unwrap(), 0);
+    // Pages: each after the last one of the previous page.
+    let first = dl.list_after(&all, None, 2).await.unwrap();
+    let rest = dl
+        .list_after(&all, Some(first[1].event.id), 2)
+        .await
+        .unwrap();
+    let paged: Vec<Uuid> = first.iter().chain(&rest).map(|d| d.event.id).collect();
+    assert_eq!(paged, vec![ids[0], ids[2], ids[3]]);
 
     let shown = dl.show(ids[0]).await.unwrap().unwrap();
     assert_eq!(

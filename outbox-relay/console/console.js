@@ -10,6 +10,8 @@ let token = "";
 let writable = false;
 let overviewTimer = null;
 let pendingAction = null;
+// The page of one outbox's dead letters shown, when not the first: { outbox, after }.
+let page = null;
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -195,11 +197,26 @@ function filterQuery() {
 
 async function searchLetters() {
   try {
-    const data = await api(`api/dead-letters?${filterQuery()}`);
+    const query = filterQuery();
+    if (page) {
+      query.set("outbox", page.outbox);
+      query.set("after", page.after);
+    }
+    const data = await api(`api/dead-letters?${query}`);
+    const pages = [];
     const rows = [];
     let shown = 0, total = 0;
     for (const outbox of data.outboxes) {
       total += outbox.total;
+      if (outbox.next_after) {
+        const next = el("button", { type: "button", class: "next-page", "data-outbox": outbox.outbox },
+          `Next page of ${outbox.outbox}`);
+        next.addEventListener("click", () => {
+          page = { outbox: outbox.outbox, after: outbox.next_after };
+          searchLetters();
+        });
+        pages.push(next);
+      }
       for (const letter of outbox.letters) {
         shown += 1;
         const check = el("input", { type: "checkbox", class: "pick", "data-outbox": outbox.outbox, "data-id": letter.id });
@@ -216,8 +233,16 @@ async function searchLetters() {
     }
     document.querySelector("#letters tbody").replaceChildren(...rows);
     document.getElementById("check-all").checked = false;
-    document.getElementById("letters-count").textContent =
-      shown < total ? `${shown} of ${total} dead letters shown; narrow the filters to see the others` : `${total} dead letter(s)`;
+    const summary = page
+      ? `${shown} of ${total} dead letters of ${page.outbox}, a later page`
+      : shown < total ? `${shown} of ${total} dead letters shown` : `${total} dead letter(s)`;
+    const first = el("button", { type: "button", id: "first-page" }, "First page");
+    first.addEventListener("click", () => {
+      page = null;
+      searchLetters();
+    });
+    document.getElementById("letters-count").replaceChildren(
+      summary, " ", ...(page ? [first] : []), ...pages);
   } catch (error) {
     status(`cannot list dead letters: ${error.message}`, true);
   }
@@ -320,6 +345,7 @@ function start() {
   });
   document.getElementById("filters").addEventListener("submit", (event) => {
     event.preventDefault();
+    page = null;
     searchLetters();
   });
   document.getElementById("check-all").addEventListener("change", (event) => {

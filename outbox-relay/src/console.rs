@@ -308,6 +308,8 @@ struct Selection {
     ids: Option<Vec<Uuid>>,
     /// Listing: at most this many per outbox.
     limit: Option<u32>,
+    /// Listing of one outbox: the page after this dead letter.
+    after: Option<Uuid>,
     /// Change: count what would change, change nothing.
     dry_run: bool,
 }
@@ -362,19 +364,32 @@ async fn list(State(console): State<Console>, Query(selection): Query<Selection>
         Ok(chosen) => chosen,
         Err(message) => return problem(StatusCode::BAD_REQUEST, message),
     };
+    if selection.after.is_some() && members.len() != 1 {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "`after` pages through one outbox: name it with `outbox`",
+        );
+    }
     let limit = selection.limit.unwrap_or(100).clamp(1, MAX_LISTED);
     let mut outboxes = Vec::new();
     for member in &members {
         let admin = admin_of(member);
         let read = async {
             let total = DeadLetterAdmin::count(&admin, &filter).await?;
-            let letters = DeadLetterAdmin::list(&admin, &filter, limit).await?;
-            Ok::<_, pgoutbox_core::StoreError>((total, letters))
+            let letters = admin.list_after(&filter, selection.after, limit).await;
+            Ok::<_, pgoutbox_core::StoreError>((
+                total,
+                letters.map_err(pgoutbox_core::StoreError::backend)?,
+            ))
         };
         match tokio::time::timeout(READ_TIMEOUT, read).await {
             Ok(Ok((total, letters))) => outboxes.push(json!({
                 "outbox": member.name,
                 "total": total,
+                // A full page may have a next one: it starts after its last.
+                "next_after": (letters.len() == limit as usize)
+                    .then(|| letters.last().map(|l| l.event.id))
+                    .flatten(),
                 "letters": letters.iter().map(|l| letter_json(l, false)).collect::<Vec<_>>(),
             })),
             Ok(Err(error)) => {

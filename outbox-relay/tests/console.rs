@@ -169,6 +169,31 @@ async fn an_operator_sees_the_backlog_and_fixes_dead_letters_in_a_browser() {
         "/console/api/dead-letters?error=timeout&event_type=payment.refused",
     );
     assert_eq!(none["outboxes"][0]["total"], json!(0));
+    // Pages of one outbox, each after the last dead letter of the one before.
+    let first = json_of(
+        port,
+        &format!("/console/api/dead-letters?outbox={name}&limit=2"),
+    );
+    let after = first["outboxes"][0]["next_after"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let second = json_of(
+        port,
+        &format!("/console/api/dead-letters?outbox={name}&limit=2&after={after}"),
+    );
+    let paged: Vec<&Value> = [&first, &second]
+        .iter()
+        .flat_map(|p| p["outboxes"][0]["letters"].as_array().unwrap())
+        .map(|l| &l["id"])
+        .collect();
+    let expected: Vec<Value> = heads.iter().map(|id| json!(id)).collect();
+    assert_eq!(
+        paged,
+        expected.iter().collect::<Vec<_>>(),
+        "every dead letter once, in order"
+    );
+    assert_eq!(second["outboxes"][0]["next_after"], Value::Null);
     let listed = get(port, "/console/api/dead-letters").unwrap().1;
     assert!(
         !listed.contains("hunter2") && listed.contains("amqp://app:***@mq.internal"),
@@ -227,6 +252,24 @@ async fn an_operator_sees_the_backlog_and_fixes_dead_letters_in_a_browser() {
     assert_eq!(browser.count("script"), 1, "only the console's own script");
     assert_eq!(browser.dialog(), None, "no dialog opened");
     browser.screenshot(&docs("console-dead-letters.png"));
+
+    // Pages: two per page, then the next page of the outbox, then back.
+    browser.type_into("input[name=\"limit\"]", "2");
+    browser.click("#search");
+    browser.wait_text("#letters-count", LIMIT, |t| {
+        t.starts_with("2 of 3 dead letters shown")
+    });
+    browser.click("button.next-page");
+    browser.wait_text("#letters-count", LIMIT, |t| t.contains("a later page"));
+    assert_eq!(browser.count("#letters tbody tr"), 1);
+    assert_eq!(
+        browser.count(&format!("#letters tr[data-id=\"{}\"]", heads[2])),
+        1
+    );
+    browser.click("#first-page");
+    browser.wait_text("#letters-count", LIMIT, |t| {
+        t.starts_with("2 of 3 dead letters shown")
+    });
 
     // Retry one: the dry run counts, the confirmation changes, the relay publishes it.
     browser.type_into("#token", TOKEN);

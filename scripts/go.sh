@@ -11,6 +11,9 @@
 #
 # Fails with one line naming what is missing when it cannot be had.
 
+# shellcheck source=scripts/service.sh
+source "$(dirname "${BASH_SOURCE[0]}")/service.sh"
+
 _go_fail() {
     echo "go.sh: $*" >&2
     return 1
@@ -20,17 +23,7 @@ _go_setup() {
     local gopath=/usr/share/gocode
     local packages=(golang-go golang-github-lib-pq-dev golang-github-nats-io-go-nats-dev)
     local libraries=("$gopath/src/github.com/lib/pq" "$gopath/src/github.com/nats-io/nats.go")
-    local missing=() package
-    for package in "${packages[@]}"; do
-        dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        echo "go.sh: installing ${missing[*]} (Debian packages)" >&2
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
-            || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${missing[@]}" >/dev/null; } \
-            || { _go_fail "FAILED: could not install the Debian packages ${missing[*]}"; return 1; }
-    fi
+    service_install_debian go.sh "${packages[@]}" || return 1
     local go
     go=$(command -v go || echo /usr/lib/go/bin/go)
     [ -x "$go" ] || { _go_fail "FAILED: no go command after installing golang-go"; return 1; }

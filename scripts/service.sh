@@ -1,11 +1,29 @@
 #!/usr/bin/env bash
 # What the scripts that run a test service in the background (moto.sh, pgbouncer.sh,
-# tansu.sh) share: how they wait for it, stop it, and behave sourced or run; and the
+# tansu.sh, chromium.sh) share: how they wait for it, stop it, and behave sourced
+# or run; how they install Debian packages (go.sh too); and the
 # port probe that test.sh and rabbitmq-tls.sh use too. Sourced by them; not run by
 # itself.
 
 # service_port_open PORT: something listens on 127.0.0.1:PORT.
 service_port_open() { timeout 1 bash -c ">/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+# service_install_debian NAME PACKAGE...: install the Debian packages that are not
+# installed yet (apt-get, updating the package index once if they are not found).
+# Fails (status 1) with one line naming them when they cannot be installed.
+service_install_debian() {
+    local name=$1 missing=() package
+    shift
+    for package in "$@"; do
+        dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "$name: installing ${missing[*]} (Debian packages)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
+        || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${missing[@]}" >/dev/null; } \
+        || { echo "$name: FAILED: could not install the Debian packages ${missing[*]}" >&2; return 1; }
+}
 
 # service_stop PID_VARIABLE [PATH_VARIABLE]: stop the process whose pid the variable
 # holds (started by this shell), wait for it, and empty the variable; with

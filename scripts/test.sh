@@ -90,4 +90,11 @@ source scripts/rabbitmq-tls.sh || { say "FAILED: RabbitMQ's TLS listener could n
 # shellcheck source=scripts/go.sh
 source scripts/go.sh || { say "FAILED: Go and its PostgreSQL and NATS libraries could not be installed (see above)"; exit 1; }
 
+# Headless Chromium and chromedriver (Debian's chromium and chromium-driver), for
+# the console's browser tests (outbox-relay/tests/console.rs); scripts/chromium.sh
+# installs them when missing, starts chromedriver, exports OUTBOX_WEBDRIVER_URL and
+# stops it when this script exits.
+# shellcheck source=scripts/chromium.sh
+source scripts/chromium.sh || { say "FAILED: headless Chromium and chromedriver could not be had (see above)"; exit 1; }
+
 cargo test --workspace --all-features "$@"

@@ -48,6 +48,10 @@ pub(crate) struct LiveArgs {
     /// Seconds after the producers start at which the outage begins.
     #[arg(long, default_value_t = 10)]
     outage_after_secs: u64,
+    /// Run the relays with the console enabled (`OUTBOX_CONSOLE`), nobody looking:
+    /// what its sampling costs an idle console's relay.
+    #[arg(long)]
+    console: bool,
 }
 
 #[cfg(feature = "nats")]
@@ -407,6 +411,7 @@ mod nats {
                     args.synchronous_commit.to_string(),
                 )
                 .env("OUTBOX_NATS_SUBJECT_PREFIX", PREFIX)
+                .env("OUTBOX_CONSOLE", args.console.to_string())
                 .env(
                     "OUTBOX_HTTP_LISTEN",
                     format!("127.0.0.1:{}", HTTP_PORT + i as u16),

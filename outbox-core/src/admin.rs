@@ -29,6 +29,8 @@ pub struct DeadLetterFilter {
     pub older_than: Option<Duration>,
     /// Only these event ids.
     pub ids: Option<Vec<Uuid>>,
+    /// Only dead letters whose last error contains this text (case-insensitive).
+    pub error_contains: Option<String>,
 }
 
 impl DeadLetterFilter {
@@ -72,6 +74,13 @@ impl DeadLetterFilter {
     #[must_use]
     pub fn ids(mut self, ids: Vec<Uuid>) -> Self {
         self.ids = Some(ids);
+        self
+    }
+
+    /// Narrow to dead letters whose last error contains `text` (case-insensitive).
+    #[must_use]
+    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
+        self.error_contains = Some(text.into());
         self
     }
 }

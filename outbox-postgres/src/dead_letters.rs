@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::row;
 use crate::sql::Sql;
 
-/// Bind `filter`'s fields as the parameters `$1..$5` of a dead-letter statement.
+/// Bind `filter`'s fields as the parameters `$1..$6` of a dead-letter statement.
 fn bind_filter<'q>(
     filter: &'q DeadLetterFilter,
     query: Query<'q, Postgres, PgArguments>,
@@ -24,6 +24,13 @@ fn bind_filter<'q>(
         .bind(filter.aggregate_id.as_deref())
         .bind(filter.older_than.map(|d| d.as_secs_f64()))
         .bind(filter.ids.as_deref())
+        .bind(filter.error_contains.as_deref())
+}
+
+/// A page of a dead-letter listing: its size and the dead letter it follows.
+struct Page {
+    limit: i64,
+    after: Option<Uuid>,
 }
 
 /// Administration of the dead letters of one outbox.
@@ -54,9 +61,24 @@ impl DeadLetters {
 
     /// Up to `limit` dead letters matching `filter`, oldest event first.
     pub async fn list(&self, filter: &DeadLetterFilter, limit: u32) -> Result<Vec<DeadLetter>> {
-        let rows = self
-            .rows(&self.sql.dead_list, filter, Some(i64::from(limit)))
-            .await?;
+        self.list_after(filter, None, limit).await
+    }
+
+    /// Up to `limit` dead letters matching `filter` that come after the dead letter
+    /// `after` (the last one of the previous page), oldest event first: pages
+    /// through many. A cursor whose event is gone (purged, or published and
+    /// deleted since a retry) ends the listing: start again without one.
+    pub async fn list_after(
+        &self,
+        filter: &DeadLetterFilter,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>> {
+        let page = Page {
+            limit: i64::from(limit),
+            after,
+        };
+        let rows = self.rows(&self.sql.dead_list, filter, Some(page)).await?;
         rows.iter()
             .map(|r| {
                 Ok(DeadLetter::new(
@@ -93,18 +115,18 @@ impl DeadLetters {
         self.counted(&self.sql.dead_purge, filter).await
     }
 
-    /// Run `statement` with `filter` (and `limit`, for the list). In a transaction,
+    /// Run `statement` with `filter` (and the page, for the list). In a transaction,
     /// so that a pooler keeps one server connection for the statement's round trips
     /// (see `pooler.rs`).
     async fn rows(
         &self,
         statement: &str,
         filter: &DeadLetterFilter,
-        limit: Option<i64>,
+        page: Option<Page>,
     ) -> Result<Vec<PgRow>> {
         let mut query = bind_filter(filter, sqlx::query(statement).persistent(self.persistent));
-        if let Some(limit) = limit {
-            query = query.bind(limit);
+        if let Some(page) = page {
+            query = query.bind(page.limit).bind(page.after);
         }
         let mut tx = self.pool.begin().await?;
         let rows = query.fetch_all(&mut *tx).await?;

@@ -410,7 +410,8 @@ impl Sql {
              AND ($2::text IS NULL OR aggregate_type = $2) \
              AND ($3::text IS NULL OR aggregate_id = $3) \
              AND ($4::float8 IS NULL OR dead_at < now() - $4 * interval '1 second') \
-             AND ($5::uuid[] IS NULL OR id = ANY($5))";
+             AND ($5::uuid[] IS NULL OR id = ANY($5)) \
+             AND ($6::text IS NULL OR strpos(lower(last_error), lower($6)) > 0)";
         Self {
             create_schema: format!("CREATE SCHEMA IF NOT EXISTS {}", tables.schema().quoted()),
             migrations_table: format!(
@@ -737,9 +738,12 @@ impl Sql {
                  WHERE {pending} AND available_at <= now() LIMIT $1 FOR KEY SHARE SKIP LOCKED) f"
             ),
             dead_count: format!("SELECT count(*) FROM {events} WHERE {dead}"),
+            // $8: a page's cursor, the last dead letter of the previous page (its
+            // `seq`, looked up by id, so callers need not know the column).
             dead_list: format!(
                 "SELECT {EVENT_COLUMNS}, last_error, dead_at FROM {events} WHERE {dead} \
-                 ORDER BY seq LIMIT $6"
+                 AND ($8::uuid IS NULL OR seq > (SELECT c.seq FROM {events} c WHERE c.id = $8)) \
+                 ORDER BY seq LIMIT $7"
             ),
             // A retried dead letter goes back into the pending index below where
             // ordered walks may start now (`walk_start.rs`), so its aggregate gets a

@@ -96,6 +96,20 @@ async fn dead_letters_can_be_listed_filtered_retried_and_purged() {
     assert_eq!(dl.count(&by_type).await.unwrap(), 0);
     let old = all.clone().older_than(Duration::from_secs(3600));
     assert_eq!(dl.count(&old).await.unwrap(), 0);
+    // The last error's text, whatever its case.
+    let rejected = all.clone().error_contains("REJECTED BY");
+    assert_eq!(dl.count(&rejected).await.unwrap(), 3);
+    assert_eq!(dl.list(&rejected, 10).await.unwrap().len(), 3);
+    let timeouts = rejected.clone().error_contains("timed out");
+    assert_eq!(dl.count(&timeouts).await.unwrap(), 0);
+    // Pages: each after the last one of the previous page.
+    let first = dl.list_after(&all, None, 2).await.unwrap();
+    let rest = dl
+        .list_after(&all, Some(first[1].event.id), 2)
+        .await
+        .unwrap();
+    let paged: Vec<Uuid> = first.iter().chain(&rest).map(|d| d.event.id).collect();
+    assert_eq!(paged, vec![ids[0], ids[2], ids[3]]);
 
     let shown = dl.show(ids[0]).await.unwrap().unwrap();
     assert_eq!(

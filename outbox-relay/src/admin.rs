@@ -11,6 +11,7 @@ use uuid::Uuid;
 use crate::broker::{Prepare, Spec};
 use crate::config::{Settings, WalSettings};
 use crate::db;
+use crate::dead_letters::{self, Change};
 use crate::failure::{self, Failure};
 use crate::targets::{self, Pools, Target};
 use crate::wal_slot;
@@ -429,6 +430,9 @@ pub(crate) struct FilterArgs {
     /// Only dead letters older than this (dead-lettered that long ago): 10m, 2h, 7d.
     #[arg(long, value_parser = crate::config::parse_duration)]
     older_than: Option<Duration>,
+    /// Only dead letters whose last error contains this text (case-insensitive).
+    #[arg(long = "error", value_name = "TEXT")]
+    error_contains: Option<String>,
     /// Only this event id; repeat for several.
     #[arg(long = "id", value_name = "EVENT_ID")]
     ids: Vec<Uuid>,
@@ -441,6 +445,7 @@ impl FilterArgs {
         filter.aggregate_type = self.aggregate_type.clone();
         filter.aggregate_id = self.aggregate_id.clone();
         filter.older_than = self.older_than;
+        filter.error_contains = self.error_contains.clone();
         filter.ids = (!self.ids.is_empty()).then(|| self.ids.clone());
         filter
     }
@@ -542,7 +547,7 @@ pub(crate) async fn dead_letters(
                 };
                 for target in &targets {
                     heading(&targets, target);
-                    change(&admin_of(target), kind, args).await?;
+                    change(&admin_of(target), &target.name, kind, args).await?;
                 }
                 Ok(())
             }
@@ -650,20 +655,16 @@ async fn show(
     Ok(true)
 }
 
-#[derive(Clone, Copy)]
-enum Change {
-    Retry,
-    Purge,
-}
-
 async fn change(
     admin: &impl DeadLetterAdmin,
+    outbox: &str,
     change: Change,
     args: &ChangeArgs,
 ) -> Result<(), Failure> {
-    let (verb, done) = match change {
-        Change::Retry => ("retry", "retried (publishable again)"),
-        Change::Purge => ("purge", "purged (deleted)"),
+    let verb = change.verb();
+    let done = match change {
+        Change::Retry => "retried (publishable again)",
+        Change::Purge => "purged (deleted)",
     };
     let filter = &args.filter.filter();
     let n = admin
@@ -692,11 +693,9 @@ async fn change(
     if !args.yes {
         confirm(&format!("{verb} {n} dead letter(s)?"))?;
     }
-    let affected = match change {
-        Change::Retry => admin.retry(filter).await,
-        Change::Purge => admin.purge(filter).await,
-    }
-    .map_err(failure::store(verb))?;
+    let affected = dead_letters::apply(admin, outbox, change, filter, "cli")
+        .await
+        .map_err(failure::store(verb))?;
     println!("{affected} dead letter(s) {done}");
     Ok(())
 }

@@ -100,6 +100,7 @@ section! {
         retry: RetryPolicy,
         retention: RetentionSection,
         http: HttpSection,
+        console: ConsoleSection,
         broker: BrokerSection,
         routing: RoutingSection,
         envelope: EnvelopeSection,
@@ -271,6 +272,27 @@ section! {
     }
 }
 
+section! {
+    /// `[console]`: the operator console on the `[http]` listener.
+    ConsoleSection {
+        enabled: bool = false,
+        /// A file holding the token that actions (retry, purge) require; without
+        /// it the console is read-only.
+        token_file: Option<PathBuf> = None,
+        /// How often the backlog and lag history (the last hour) is sampled.
+        sample_interval: Dur = Dur::secs(5),
+    }
+}
+
+/// `[console]` as the relay uses it.
+#[derive(Debug, Clone)]
+pub(crate) struct ConsoleSettings {
+    pub(crate) enabled: bool,
+    /// Read when the relay starts (a rotated token needs a restart).
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) sample_interval: Duration,
+}
+
 /// `[broker]`: the kind, and a section per broker compiled in: each adapter's
 /// own settings type, the file's keys (the adapter lays its `OUTBOX_<BROKER>_*`
 /// variables over them).
@@ -371,6 +393,7 @@ pub(crate) struct Settings {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) retention: RetentionSettings,
     pub(crate) http: HttpSettings,
+    pub(crate) console: ConsoleSettings,
     pub(crate) broker: BrokerSection,
     pub(crate) routing: RoutingSection,
     pub(crate) envelope: Envelope,
@@ -459,6 +482,8 @@ pub(crate) const ENV_VARS: &[(&str, &str)] = &[
     ("OUTBOX_RETENTION", "retention.published"),
     ("OUTBOX_HTTP_LISTEN", "http.listen"),
     ("OUTBOX_HTTP_STUCK_AFTER", "http.stuck_after"),
+    ("OUTBOX_CONSOLE", "console.enabled"),
+    ("OUTBOX_CONSOLE_TOKEN_FILE", "console.token_file"),
     (envelope::VAR_ENVELOPE, "envelope.format"),
     (envelope::VAR_CLOUDEVENTS_SOURCE, "envelope.source"),
     (envelope::VAR_CLOUDEVENTS_SUBJECT, "envelope.subject"),
@@ -532,6 +557,10 @@ pub(crate) fn apply_env(
             }
             "OUTBOX_HTTP_LISTEN" => file.http.listen = value.trim().to_string(),
             "OUTBOX_HTTP_STUCK_AFTER" => file.http.stuck_after = Some(duration(&value)?),
+            "OUTBOX_CONSOLE" => file.console.enabled = switch(&value)?,
+            "OUTBOX_CONSOLE_TOKEN_FILE" => {
+                file.console.token_file = Some(PathBuf::from(value.trim()));
+            }
             envelope::VAR_ENVELOPE => file.envelope.format = Some(value.trim().to_string()),
             envelope::VAR_CLOUDEVENTS_SOURCE => file.envelope.source = Some(value.clone()),
             envelope::VAR_CLOUDEVENTS_SUBJECT => file.envelope.subject = Some(value.clone()),
@@ -666,6 +695,17 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
             ))
         })?),
     };
+    if file.console.sample_interval.0 < Duration::from_millis(100) {
+        return Err(config(format!(
+            "console.sample_interval ({}) must be at least 100ms",
+            file.console.sample_interval
+        )));
+    }
+    if file.console.enabled && listen.is_none() {
+        return Err(config(
+            "console.enabled = true needs the HTTP listener it is served on: set http.listen to an address".into(),
+        ));
+    }
 
     let workers = u32::try_from(r.workers).unwrap_or(64);
     let (database, database_error) = match file.database.url.as_deref().map(str::trim) {
@@ -756,6 +796,11 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
             stats_refresh: file.http.stats_refresh.0,
             check_timeout: file.http.check_timeout.0,
             stuck_after,
+        },
+        console: ConsoleSettings {
+            enabled: file.console.enabled,
+            token_file: file.console.token_file,
+            sample_interval: file.console.sample_interval.0,
         },
         broker: file.broker,
         routing: file.routing,
@@ -1108,6 +1153,30 @@ synchronous_commit = true
         assert_eq!(tenants.relay.batch_size, 30);
         // Without them, one outbox: `[tables]`'s.
         assert!(!validate(FileConfig::default()).unwrap().grouped());
+    }
+
+    #[test]
+    fn the_console_is_off_by_default_and_needs_the_listener() {
+        let d = validate(FileConfig::default()).unwrap();
+        assert!(!d.console.enabled);
+        assert_eq!(d.console.token_file, None);
+        assert_eq!(d.console.sample_interval, Duration::from_secs(5));
+        let mut f = parse_str("[console]\nenabled = false\n").unwrap();
+        apply_env(&mut f, |n| match n {
+            "OUTBOX_CONSOLE" => Some("true".into()),
+            "OUTBOX_CONSOLE_TOKEN_FILE" => Some("/run/token".into()),
+            _ => None,
+        })
+        .unwrap();
+        let s = validate(f).unwrap();
+        assert!(s.console.enabled);
+        assert_eq!(s.console.token_file, Some(PathBuf::from("/run/token")));
+        let off = parse_str("[http]\nlisten = \"0\"\n[console]\nenabled = true\n").unwrap();
+        let err = validate(off).unwrap_err().message;
+        assert!(
+            err.contains("console.enabled") && err.contains("http.listen"),
+            "{err}"
+        );
     }
 
     #[test]

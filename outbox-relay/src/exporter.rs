@@ -131,6 +131,24 @@ pub(crate) fn install(outboxes: &[String]) -> Result<PrometheusHandle, Failure> 
 mod tests {
     use super::ALL;
 
+    /// The `outbox_*` metrics `expr` queries, each asserted to be exported (a
+    /// histogram's `_bucket`, `_sum` and `_count` series count as the histogram).
+    fn assert_exported(expr: &str) -> usize {
+        let names: Vec<&str> = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|t| t.starts_with("outbox_"))
+            .collect();
+        assert!(!names.is_empty(), "no outbox metric in {expr}");
+        for name in &names {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|b| ALL.contains(b)))
+                .unwrap_or(name);
+            assert!(ALL.contains(&base), "{name} in `{expr}` is not exported");
+        }
+        names.len()
+    }
+
     /// Every alert expression in docs/alerts.yml names metrics this binary exports.
     #[test]
     fn alerts_use_exported_metrics() {
@@ -141,21 +159,48 @@ mod tests {
         for group in groups {
             for rule in group["rules"].as_sequence().expect("rules") {
                 rules += 1;
-                let expr = rule["expr"].as_str().expect("expr");
-                let names: Vec<&str> = expr
-                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .filter(|t| t.starts_with("outbox_"))
-                    .collect();
-                assert!(!names.is_empty(), "no outbox metric in {expr}");
-                for name in names {
-                    let base = ["_bucket", "_sum", "_count"]
-                        .iter()
-                        .find_map(|s| name.strip_suffix(s).filter(|b| ALL.contains(b)))
-                        .unwrap_or(name);
-                    assert!(ALL.contains(&base), "{name} in `{expr}` is not exported");
-                }
+                assert_exported(rule["expr"].as_str().expect("expr"));
             }
         }
         assert!(rules >= 4);
+    }
+
+    /// Every query of the Grafana dashboard in docs/ (panels and variables) names
+    /// metrics this binary exports.
+    #[test]
+    fn the_dashboard_queries_exported_metrics() {
+        fn queries<'a>(value: &'a serde_json::Value, found: &mut Vec<&'a str>) {
+            match value {
+                serde_json::Value::Object(map) => {
+                    for (key, value) in map {
+                        match (key.as_str(), value.as_str()) {
+                            ("expr" | "definition", Some(query)) => found.push(query),
+                            _ => queries(value, found),
+                        }
+                    }
+                }
+                serde_json::Value::Array(items) => items.iter().for_each(|v| queries(v, found)),
+                _ => {}
+            }
+        }
+        let text = include_str!("../../docs/grafana-dashboard.json");
+        let dashboard: serde_json::Value = serde_json::from_str(text).expect("dashboard is JSON");
+        let mut found = Vec::new();
+        queries(&dashboard, &mut found);
+        assert!(found.len() >= 15, "{found:?}");
+        let queried: usize = found.iter().map(|q| assert_exported(q)).sum();
+        assert!(queried >= found.len());
+        // The series an operator looks at first are all on it.
+        for name in [
+            pgoutbox_core::telemetry::EVENTS_PENDING,
+            pgoutbox_core::telemetry::PUBLISH_LAG,
+            super::DEAD_LETTERS,
+            pgoutbox_core::telemetry::BROKER_UP,
+        ] {
+            assert!(
+                found.iter().any(|q| q.contains(name)),
+                "{name} is not on the dashboard"
+            );
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! The relay's HTTP endpoint: `/metrics`, `/healthz`, `/readyz`.
+//! The relay's HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, and the console
+//! under `/console/` when enabled.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 
 use crate::broker::BrokerPublisher;
+use crate::console::Console;
 use crate::failure::Failure;
 use crate::members::Members;
 use crate::wal_slot::SlotWatch;
@@ -55,9 +57,10 @@ pub(crate) async fn serve(
     pools: Vec<PgPool>,
     publisher: BrokerPublisher,
     probes: Probes,
+    console: Option<Console>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(live))
         .route("/readyz", get(ready))
@@ -70,6 +73,11 @@ pub(crate) async fn serve(
             members: probes.members,
             wal: probes.wal,
         });
+    if let Some(console) = console {
+        app = app.merge(console.router());
+    }
+    // The client's address goes into the console's audit lines.
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
     if let Err(error) = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await

@@ -30,11 +30,15 @@
 mod admin;
 mod broker;
 mod config;
+mod console;
 mod db;
+mod dead_letters;
 mod exporter;
 mod failure;
+mod history;
 mod http;
 mod members;
+mod scrape;
 mod serve;
 mod targets;
 mod wal_slot;
@@ -207,6 +211,9 @@ const QUIET_LAPIN_RETURNS: &str = "lapin::returned_messages=error";
 /// Log directive that keeps PostgreSQL's notices ("relation ... already exists,
 /// skipping" from the idempotent migrations) below info.
 const QUIET_POSTGRES_NOTICES: &str = "sqlx::postgres::notice=warn";
+/// Log directive that keeps the audit lines of dead-letter changes (from the
+/// commands and the console) when the level is `warn`, the commands' default.
+const KEEP_AUDIT: &str = "outbox::audit=info";
 
 fn init_logging(format: LogFormat, default_level: &str) -> Result<(), Failure> {
     let (source, directives) = match (std::env::var("OUTBOX_LOG"), std::env::var("RUST_LOG")) {
@@ -224,6 +231,9 @@ fn init_logging(format: LogFormat, default_level: &str) -> Result<(), Failure> {
     }
     if !directives.contains("sqlx") {
         filter = filter.add_directive(QUIET_POSTGRES_NOTICES.parse().expect("valid directive"));
+    }
+    if !directives.contains("audit") {
+        filter = filter.add_directive(KEEP_AUDIT.parse().expect("valid directive"));
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

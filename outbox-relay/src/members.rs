@@ -27,6 +27,15 @@ impl Members {
         all
     }
 
+    /// The names of the `[tenants]` outboxes relayed now.
+    pub(crate) fn tenant_names(&self) -> std::collections::HashSet<String> {
+        self.tenants
+            .iter()
+            .flat_map(|tenants| tenants.members())
+            .map(|member| member.name)
+            .collect()
+    }
+
     /// Whether the process relays (or may relay) more than one outbox: its
     /// reports then name the outbox.
     pub(crate) fn several(&self) -> bool {

@@ -14,9 +14,11 @@ use tokio::sync::watch;
 
 use crate::broker::{BrokerPublisher, Prepare, Spec};
 use crate::config::{Settings, WalSettings};
+use crate::console::{self, Console};
 use crate::db::{self, Role};
 use crate::exporter;
 use crate::failure::Failure;
+use crate::history::History;
 use crate::http;
 use crate::members::Members;
 use crate::targets::{self, Pools, Target};
@@ -51,8 +53,38 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
+    let console = if settings.console.enabled {
+        {
+            let history = History::new(settings.console.sample_interval);
+            tasks.spawn(console::sample(
+                metrics.clone(),
+                history.clone(),
+                settings.console.sample_interval,
+                stop_rx.clone(),
+            ));
+            Some(Console::new(
+                &settings.console,
+                members.clone(),
+                wal_watch.clone(),
+                history,
+            )?)
+        }
+    } else {
+        None
+    };
     if let Some(listener) = listener {
-        tracing::info!(address = %listener.local_addr().map_err(|e| Failure::runtime(e.to_string()))?, "serving /metrics, /healthz, /readyz");
+        let address = listener
+            .local_addr()
+            .map_err(|e| Failure::runtime(e.to_string()))?;
+        tracing::info!(%address, "serving /metrics, /healthz, /readyz");
+        if let Some(console) = &console {
+            let mode = if console.writable() {
+                "retry and purge need the token of console.token_file"
+            } else {
+                "read-only (no console.token_file)"
+            };
+            tracing::info!(url = %format!("http://{address}/console/"), mode, "serving the console");
+        }
         tasks.spawn(http::serve(
             listener,
             metrics.clone(),
@@ -64,6 +96,7 @@ pub(crate) async fn run(settings: Settings, broker: Spec) -> Result<(), Failure>
                 members: members.clone(),
                 wal: wal_watch.clone(),
             },
+            console,
             stopped(stop_rx.clone()),
         ));
     }

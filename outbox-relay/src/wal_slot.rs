@@ -83,6 +83,12 @@ impl SlotWatch {
         }
     }
 
+    /// The last answer of [`SlotWatch::problem`]: whether the slot could carry the
+    /// outbox's events then.
+    pub(crate) fn usable(&self) -> bool {
+        self.usable.load(Ordering::Relaxed)
+    }
+
     /// Why the slot cannot carry the outbox's events now (`None`: it can); sets
     /// `outbox_wal_slot_usable` and logs a change. A failed look is an error and
     /// leaves the gauge as it was.

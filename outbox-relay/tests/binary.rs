@@ -354,18 +354,35 @@ async fn purge_dry_run_deletes_nothing() {
         &["dead-letters", "purge", "--older-than", "1h", "--yes"],
     );
     assert!(none.contains("no dead letters match"), "{none}");
-    let done = ok(
+    let by_error = ok(
         &config.path,
-        &[
-            "dead-letters",
-            "purge",
-            "--event-type",
-            "payment.refused",
-            "--yes",
-        ],
+        &["dead-letters", "list", "--error", "REFUSED BY"],
     );
+    assert!(by_error.contains("(4 dead letter(s))"), "{by_error}");
+    let args = [
+        "dead-letters",
+        "purge",
+        "--event-type",
+        "payment.refused",
+        "--error",
+        "refused by test",
+        "--yes",
+    ];
+    let out = run(&config.path, &args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let done = text(&out.stdout);
     assert!(done.contains("3 dead letter(s) purged"), "{done}");
     assert_eq!(dead_count(&outbox).await, 1);
+    // The audit line, as the console writes it.
+    let audit = text(&out.stderr);
+    assert!(
+        audit.contains("dead letters changed")
+            && audit.contains("action=\"purge\"")
+            && audit.contains("selection=event_type=\"payment.refused\" error=\"refused by test\"")
+            && audit.contains("affected=3")
+            && audit.contains("by=\"cli\""),
+        "{audit}"
+    );
 
     let stats = ok(&config.path, &["stats", "--json"]);
     let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();

@@ -154,7 +154,7 @@ pub(crate) async fn live(url: &str, args: &LiveArgs) -> Result<Report> {
             crate::verdict(met)
         ),
         json: json!({
-            "scenario": "live", "rate": args.rate, "seconds": args.duration_secs,
+            "scenario": "live", "rate": args.rate, "seconds": args.duration_secs, "console": args.console,
             "workers": args.workers, "synchronous_commit": args.synchronous_commit,
             "runs": results.iter().map(|(relays, r)| json!({
                 "relays": relays, "p50_ms": r.p50, "p90_ms": r.p90, "p99_ms": r.p99,

@@ -24,7 +24,7 @@ use crate::{progress, Result};
 
 #[derive(Args, Debug)]
 pub(crate) struct ReportArgs {
-    /// Smaller sizes and shorter phases: about 5 minutes instead of 20 (3 rounds all the same).
+    /// Smaller sizes and shorter phases: about 5 minutes instead of 15 (3 rounds all the same).
     #[arg(long)]
     quick: bool,
     /// Also write the table as Markdown to this file.
@@ -139,7 +139,7 @@ fn headlines() -> Vec<Headline> {
             name: "drain",
             invocations: 1,
             args: |s, _| {
-                let events = s.pick("50000", "10000");
+                let events = s.pick("30000", "10000");
                 strings(&["drain", "--events", events, "--rounds", "3"])
             },
             rows: drain_rows,
@@ -151,7 +151,7 @@ fn headlines() -> Vec<Headline> {
                 strings(&[
                     "shapes",
                     "--events",
-                    s.pick("20000", "5000"),
+                    s.pick("10000", "3000"),
                     "--rounds",
                     "3",
                 ])
@@ -165,7 +165,7 @@ fn headlines() -> Vec<Headline> {
                 strings(&[
                     "backlog",
                     "--large",
-                    s.pick("200000", "30000"),
+                    s.pick("100000", "30000"),
                     "--small",
                     s.pick("10000", "3000"),
                     "--rounds",
@@ -181,7 +181,7 @@ fn headlines() -> Vec<Headline> {
                 strings(&[
                     "scaling",
                     "--events",
-                    s.pick("30000", "8000"),
+                    s.pick("20000", "6000"),
                     "--rounds",
                     "3",
                 ])
@@ -195,7 +195,7 @@ fn headlines() -> Vec<Headline> {
                 strings(&[
                     "held",
                     "--events",
-                    s.pick("30000", "5000"),
+                    s.pick("20000", "5000"),
                     "--held",
                     s.pick("20000", "5000"),
                     "--rounds",
@@ -211,9 +211,9 @@ fn headlines() -> Vec<Headline> {
                 strings(&[
                     "horizon",
                     "--duration-secs",
-                    s.pick("30", "10"),
+                    s.pick("20", "8"),
                     "--window-secs",
-                    s.pick("10", "5"),
+                    s.pick("5", "4"),
                     "--drain-events",
                     s.pick("10000", "3000"),
                     "--rounds",
@@ -231,7 +231,7 @@ fn headlines() -> Vec<Headline> {
                     "--modes",
                     "adaptive",
                     "--duration-secs",
-                    s.pick("15", "5"),
+                    s.pick("10", "4"),
                 ])
             },
             rows: latency_rows,
@@ -261,10 +261,31 @@ fn headlines() -> Vec<Headline> {
                     "--relays",
                     relays,
                     "--duration-secs",
-                    s.pick("15", "5"),
+                    s.pick("10", "4"),
                 ])
             },
             rows: live_rows,
+        },
+        Headline {
+            name: "console",
+            // Two invocations per round, console off and on, in turn first.
+            invocations: 2 * ROUNDS,
+            args: |s, i| {
+                let console_first = (i / 2) % 2 == 1;
+                let console = (i % 2 == 0) == console_first;
+                let mut args = strings(&[
+                    "live",
+                    "--relays",
+                    "1",
+                    "--duration-secs",
+                    s.pick("10", "4"),
+                ]);
+                if console {
+                    args.push("--console".into());
+                }
+                args
+            },
+            rows: console_rows,
         },
         Headline {
             name: "wal",
@@ -275,7 +296,7 @@ fn headlines() -> Vec<Headline> {
                     "--duration-secs",
                     "2",
                     "--latency-secs",
-                    s.pick("8", "4"),
+                    s.pick("6", "3"),
                     "--backlog",
                     s.pick("10000", "3000"),
                 ])
@@ -324,7 +345,7 @@ pub(crate) async fn report(url: &str, args: &ReportArgs) -> Result<crate::Report
         for i in 0..headline.invocations {
             let mut scenario_args = (headline.args)(&sizes, i);
             if let Some(binary) = &args.binary {
-                if matches!(headline.name, "horizon" | "live") {
+                if matches!(headline.name, "horizon" | "live" | "console") {
                     scenario_args.push("--binary".into());
                     scenario_args.push(binary.display().to_string());
                 }
@@ -877,6 +898,32 @@ fn live_rows(results: &[Value]) -> Result<Vec<Row>> {
             )
         })
         .collect())
+}
+
+fn console_rows(results: &[Value]) -> Result<Vec<Row>> {
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for j in results {
+        let run = list(j, "runs")?.first().ok_or("`runs` is empty")?;
+        let p99 = number_of(run, "p99_ms")?;
+        if field(j, "console")?.as_bool() == Some(true) {
+            on.push(p99);
+        } else {
+            off.push(p99);
+        }
+    }
+    let j = only(results)?;
+    Ok(vec![row(
+        "console",
+        "console: live p99, console enabled and idle vs off",
+        format!(
+            "1 `outbox relay` process into NATS JetStream, {} events/s for {} s; target: within 25%",
+            number_of(j, "rate")?,
+            number_of(j, "seconds")?
+        ),
+        "ms",
+        vec![arm("console on", on), arm("console off", off)],
+        Some(Target::AtMost(1.25)),
+    )])
 }
 
 fn wal_rows(results: &[Value]) -> Result<Vec<Row>> {

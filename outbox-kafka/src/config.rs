@@ -21,7 +21,7 @@ pub const ENV_RDKAFKA_PREFIX: &str = "OUTBOX_KAFKA_RDKAFKA_";
 /// nothing more, so lingering for more messages only delays them. Per-aggregate
 /// order makes it worse: a hot aggregate's run goes out one event per call, and
 /// librdkafka's default of 5 ms held each of them back (164 events/s for one
-/// aggregate into tansu, 1,801 with 0; BENCHMARKS.md, "Hot aggregates into Kafka").
+/// aggregate into tansu, 1,801 with 0; docs/benchmarks-history.md, "Hot aggregates into Kafka").
 const LINGER_MS: &str = "0";
 
 pgoutbox_core::env_settings! {

@@ -8,7 +8,7 @@
 //! each), and after its first failed lock it probes the aggregate index once per
 //! row it keeps, to learn whether that aggregate's lock failed earlier in the walk.
 //! With four relays on two cores that cost a quarter of the drain rate
-//! (BENCHMARKS.md, "where a second relay's time goes").
+//! (docs/benchmarks-history.md, "where a second relay's time goes").
 //!
 //! A share is a hint, never a guarantee: per-aggregate order rests on the claim's
 //! locks alone, and every row of an aggregate is in the same share (the share is

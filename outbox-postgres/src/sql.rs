@@ -530,7 +530,7 @@ impl Sql {
             //
             // An earlier form numbered the walked rows with a window function and
             // fetched each kept row again by `ctid` for its xmax: the same traces,
-            // at about 0.9 us more per event (BENCHMARKS.md, issue 10).
+            // at about 0.9 us more per event (docs/benchmarks-history.md, issue 10).
             claim_aggregates: format!(
                 "(SELECT w.seq, w.id, w.aggregate_type, w.aggregate_id, w.event_type, \
                  w.payload::text AS payload, w.headers::text AS headers, w.destination, \

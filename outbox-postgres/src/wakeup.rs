@@ -6,7 +6,7 @@
 //!   then doubles the interval on every empty check up to the relay's
 //!   `poll_interval`. Commit-to-publish latency under steady traffic is about
 //!   `fast`; an idle relay costs `1 / poll_interval` claims a second; sparse
-//!   traffic costs some 20-30 checks per event (see `BENCHMARKS.md`). When due
+//!   traffic costs some 20-30 checks per event (see `docs/benchmarks-history.md`). When due
 //!   events exist but claims find none of them free (other relays hold their
 //!   aggregates), the relay backs off the same way instead of claiming in a loop.
 //! - [`Wakeup::FixedPoll`]: sleep the relay's `poll_interval` after every empty claim.
@@ -14,7 +14,7 @@
 //!   which makes every inserting statement `NOTIFY`. PostgreSQL serialises
 //!   notifying commits on a cluster-wide lock held through commit, so they stop
 //!   sharing WAL flushes: measured on our 2-core machine, 16 concurrent writers lost
-//!   4.5x-6x of their throughput (see `BENCHMARKS.md`). `LISTEN` also needs a
+//!   4.5x-6x of their throughput (see `docs/benchmarks-history.md`). `LISTEN` also needs a
 //!   session of its own, directly on PostgreSQL: not through a transaction-pooling
 //!   proxy (PgBouncer `pool_mode = transaction`). The claim and record path stays
 //!   pooler-safe in every mode.

@@ -109,6 +109,66 @@ impl PublishError {
     }
 }
 
+/// How far an ordered run of one aggregate's events went ([`Publisher::publish_run`]).
+///
+/// The first [`RunOutcome::published`] events of the run were published, in order;
+/// the next one failed with [`RunOutcome::failure`]; the events after it are left
+/// pending, held back behind it. Build one with [`RunOutcome::complete`] or
+/// [`RunOutcome::failed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunOutcome {
+    /// Events of the run's head that were published.
+    pub published: usize,
+    /// Why the event after them was not; `None` when the whole run was published.
+    pub failure: Option<PublishError>,
+}
+
+impl RunOutcome {
+    /// Every event of a run of `len` events was published.
+    pub fn complete(len: usize) -> Self {
+        Self {
+            published: len,
+            failure: None,
+        }
+    }
+
+    /// The first `published` events were published; the next one failed with `error`.
+    pub fn failed(published: usize, error: PublishError) -> Self {
+        Self {
+            published,
+            failure: Some(error),
+        }
+    }
+
+    /// The outcome of a run as per-event outcomes of its first events (published or
+    /// failed, in order): the head of published ones and the first failure.
+    pub fn from_outcomes(outcomes: impl IntoIterator<Item = Outcome>) -> Self {
+        let mut published = 0;
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Published => published += 1,
+                Outcome::Failed(error) => return Self::failed(published, error),
+            }
+        }
+        Self::complete(published)
+    }
+}
+
+/// How a publisher sends a run of one aggregate's events ([`Publisher::run_order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RunOrder {
+    /// One event per broker round trip: each after the broker acknowledged the one
+    /// before. The relay publishes the claim in waves, one event of each aggregate
+    /// per [`Publisher::publish`] call, and never calls [`Publisher::publish_run`].
+    #[default]
+    OneAtATime,
+    /// [`Publisher::publish_run`] sends a whole run with many messages in flight and
+    /// keeps its order across failures (see there).
+    Pipelined,
+}
+
 /// Publishes batches of events to a broker.
 ///
 /// The contract, checked by the conformance suite (`conformance` feature):
@@ -185,6 +245,47 @@ pub trait Publisher: Send + Sync {
     fn check(&self) -> impl Future<Output = Result<(), PublishError>> + Send {
         async { Ok(()) }
     }
+
+    /// Whether [`Publisher::publish_run`] pipelines a run. Defaults to
+    /// [`RunOrder::OneAtATime`]: the relay publishes runs in waves through
+    /// [`Publisher::publish`], as for any publisher.
+    fn run_order(&self) -> RunOrder {
+        RunOrder::OneAtATime
+    }
+
+    /// Publish `run`, events of one aggregate in insertion order, and say how far it
+    /// went: the relay records the published head, the failure of the next event, and
+    /// leaves the rest pending to be retried from the failed one.
+    ///
+    /// The contract: once the broker may have taken an event after a failed one, the
+    /// failed one must not be able to be published later (a permanent failure), or
+    /// the broker must have taken everything up to it as well (the failure is an
+    /// unknown outcome of a message that got through). In other words a consumer never
+    /// sees the first copy of event `j` before the first copy of event `k < j`.
+    /// Sending message `k + 1` only after `k` was acknowledged gives this; a
+    /// pipelining publisher needs the broker's help (see the broker crates).
+    ///
+    /// Defaults to one [`Publisher::publish`] call per event, stopping at the first
+    /// failure. The relay calls it only when [`Publisher::run_order`] says
+    /// [`RunOrder::Pipelined`].
+    fn publish_run(&self, run: &[Event]) -> impl Future<Output = RunOutcome> + Send {
+        async move {
+            for (k, event) in run.iter().enumerate() {
+                let outcome = self.publish(std::slice::from_ref(event)).await;
+                match outcome.into_iter().next() {
+                    Some(Outcome::Published) => {}
+                    Some(Outcome::Failed(error)) => return RunOutcome::failed(k, error),
+                    None => {
+                        return RunOutcome::failed(
+                            k,
+                            PublishError::retryable("publisher returned no outcome"),
+                        )
+                    }
+                }
+            }
+            RunOutcome::complete(run.len())
+        }
+    }
 }
 
 impl<P: Publisher + ?Sized> Publisher for Arc<P> {
@@ -195,6 +296,14 @@ impl<P: Publisher + ?Sized> Publisher for Arc<P> {
     fn check(&self) -> impl Future<Output = Result<(), PublishError>> + Send {
         (**self).check()
     }
+
+    fn run_order(&self) -> RunOrder {
+        (**self).run_order()
+    }
+
+    fn publish_run(&self, run: &[Event]) -> impl Future<Output = RunOutcome> + Send {
+        (**self).publish_run(run)
+    }
 }
 
 impl<P: Publisher + ?Sized> Publisher for Box<P> {
@@ -204,6 +313,14 @@ impl<P: Publisher + ?Sized> Publisher for Box<P> {
 
     fn check(&self) -> impl Future<Output = Result<(), PublishError>> + Send {
         (**self).check()
+    }
+
+    fn run_order(&self) -> RunOrder {
+        (**self).run_order()
+    }
+
+    fn publish_run(&self, run: &[Event]) -> impl Future<Output = RunOutcome> + Send {
+        (**self).publish_run(run)
     }
 }
 
@@ -230,6 +347,10 @@ pub trait DynPublisher: Send + Sync {
     fn publish_boxed<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Vec<Outcome>>;
     /// [`Publisher::check`], boxed.
     fn check_boxed(&self) -> BoxFuture<'_, Result<(), PublishError>>;
+    /// [`Publisher::run_order`].
+    fn run_order_dyn(&self) -> RunOrder;
+    /// [`Publisher::publish_run`], boxed.
+    fn publish_run_boxed<'a>(&'a self, run: &'a [Event]) -> BoxFuture<'a, RunOutcome>;
 }
 
 impl<P: Publisher> DynPublisher for P {
@@ -239,6 +360,14 @@ impl<P: Publisher> DynPublisher for P {
 
     fn check_boxed(&self) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(self.check())
+    }
+
+    fn run_order_dyn(&self) -> RunOrder {
+        self.run_order()
+    }
+
+    fn publish_run_boxed<'a>(&'a self, run: &'a [Event]) -> BoxFuture<'a, RunOutcome> {
+        Box::pin(self.publish_run(run))
     }
 }
 
@@ -252,5 +381,13 @@ impl Publisher for dyn DynPublisher + '_ {
 
     async fn check(&self) -> Result<(), PublishError> {
         self.check_boxed().await
+    }
+
+    fn run_order(&self) -> RunOrder {
+        self.run_order_dyn()
+    }
+
+    async fn publish_run(&self, run: &[Event]) -> RunOutcome {
+        self.publish_run_boxed(run).await
     }
 }

@@ -141,14 +141,32 @@ impl RunOutcome {
         }
     }
 
-    /// The outcome of a run as per-event outcomes of its first events (published or
-    /// failed, in order): the head of published ones and the first failure.
+    /// The outcome of a run from the per-event outcomes of its first events, in
+    /// order: the head of published ones and the first failure.
+    ///
+    /// A message published after a failed one that may be published later (a
+    /// retryable failure; the broker's mechanism should have prevented it) is logged as
+    /// an error: its first copy may reach consumers ahead of the failed event's retry.
     pub fn from_outcomes(outcomes: impl IntoIterator<Item = Outcome>) -> Self {
+        let mut outcomes = outcomes.into_iter();
         let mut published = 0;
-        for outcome in outcomes {
+        for outcome in outcomes.by_ref() {
             match outcome {
                 Outcome::Published => published += 1,
-                Outcome::Failed(error) => return Self::failed(published, error),
+                Outcome::Failed(error) => {
+                    let overtaking = outcomes.filter(|o| o == &Outcome::Published).count();
+                    // A permanent failure is never published later: nothing to overtake.
+                    if overtaking > 0 && error.is_retryable() {
+                        tracing::error!(
+                            failed_at = published,
+                            overtaking,
+                            %error,
+                            "messages of a run were published after a failed one of it; \
+                             consumers may see them ahead of its retry"
+                        );
+                    }
+                    return Self::failed(published, error);
+                }
             }
         }
         Self::complete(published)

@@ -144,9 +144,9 @@ impl RunOutcome {
     /// The outcome of a run from the per-event outcomes of its first events, in
     /// order: the head of published ones and the first failure.
     ///
-    /// A message published after a failed one that may be published later (a
-    /// retryable failure; the broker's mechanism should have prevented it) is logged as
-    /// an error: its first copy may reach consumers ahead of the failed event's retry.
+    /// A message published after a failed one (what the broker's mechanism should
+    /// have prevented) is logged as an error: it may reach consumers ahead of the
+    /// failed event's retry or replay.
     pub fn from_outcomes(outcomes: impl IntoIterator<Item = Outcome>) -> Self {
         let mut outcomes = outcomes.into_iter();
         let mut published = 0;
@@ -155,8 +155,7 @@ impl RunOutcome {
                 Outcome::Published => published += 1,
                 Outcome::Failed(error) => {
                     let overtaking = outcomes.filter(|o| o == &Outcome::Published).count();
-                    // A permanent failure is never published later: nothing to overtake.
-                    if overtaking > 0 && error.is_retryable() {
+                    if overtaking > 0 {
                         tracing::error!(
                             failed_at = published,
                             overtaking,
@@ -275,13 +274,13 @@ pub trait Publisher: Send + Sync {
     /// went: the relay records the published head, the failure of the next event, and
     /// leaves the rest pending to be retried from the failed one.
     ///
-    /// The contract: once the broker may have taken an event after a failed one, the
-    /// failed one must not be able to be published later (a permanent failure), or
-    /// the broker must have taken everything up to it as well (the failure is an
-    /// unknown outcome of a message that got through). In other words a consumer never
-    /// sees the first copy of event `j` before the first copy of event `k < j`.
-    /// Sending message `k + 1` only after `k` was acknowledged gives this; a
-    /// pipelining publisher needs the broker's help (see the broker crates).
+    /// The contract: when event `k` of the run is not published, the broker must not
+    /// have stored any event after `k` unless it stored `k` before it (a failure of
+    /// unknown outcome, such as a lost acknowledgement). Consumers then never see
+    /// an event ahead of an earlier one of its run: not after `k`'s retry, not after
+    /// its replay from the dead letters, not while followers of a dead letter are
+    /// blocked. Sending message `k + 1` only after `k` was acknowledged gives this;
+    /// a pipelining publisher needs the broker's help (see the broker crates).
     ///
     /// Defaults to one [`Publisher::publish`] call per event, stopping at the first
     /// failure. The relay calls it only when [`Publisher::run_order`] says

@@ -46,6 +46,17 @@ pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// Failures: a message over the server's max payload, an invalid subject or header,
 /// or a stream refusing the message size are permanent; anything else (no
 /// connection, timeout, no stream for the subject) is retryable.
+///
+/// An aggregate's run goes out one event per PubAck
+/// ([`pgoutbox_core::RunOrder::OneAtATime`], the default), while the relay sends the
+/// events of different aggregates together. Pipelining a run would not keep its
+/// order across failures: the client resends the messages it still holds after a
+/// reconnect, so when message `k` is lost with the old connection, `k + 1` can be
+/// stored before `k`'s retry. JetStream's optimistic checks cannot refuse that gap
+/// while the run is in flight: `Nats-Expected-Last-Subject-Sequence` needs the
+/// stream sequence of the previous message, known only from its PubAck (and the
+/// subject is shared with other aggregates), `Nats-Expected-Last-Msg-Id` is checked
+/// against the whole stream. Atomic batch publishing (NATS server 2.12) would.
 #[derive(Debug, Clone)]
 pub struct NatsPublisher {
     inner: Arc<Inner>,

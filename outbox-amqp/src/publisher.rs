@@ -12,7 +12,7 @@ use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-use pgoutbox_core::{redact_url, Event, Outcome, PublishError, Publisher};
+use pgoutbox_core::{redact_url, Event, Outcome, PublishError, Publisher, RunOrder, RunOutcome};
 use tokio::sync::Mutex;
 
 use crate::config::AmqpConfig;
@@ -33,6 +33,31 @@ use crate::routing::{AmqpRouting, MAX_SHORT_STRING};
 ///
 /// The connection is opened on first use; a lost connection or channel is dropped and
 /// re-opened by the next batch.
+///
+/// An aggregate's run is sent pipelined ([`RunOrder::Pipelined`]): each stretch of
+/// it going to one exchange with one routing key is sent whole on the one channel,
+/// its confirms awaited, then the next stretch. Why no message after a failed
+/// message `k` is stored unless `k` was stored before it:
+/// - RabbitMQ routes the messages of a channel in the order they arrive, and the
+///   channel's frames arrive in the order sent (one TCP connection). A lost
+///   connection loses a tail of them: what was stored is a head of the run, and the
+///   first unconfirmed message starts the retry (a stored but unconfirmed one comes
+///   twice, in order). The run is never continued on another connection.
+/// - A channel error (e.g. the exchange is gone) closes the channel: the server
+///   drops every later message of it.
+/// - An unroutable message (`basic.return`, `mandatory`) fails permanently. The
+///   messages after it in its stretch have the same exchange and routing key, so
+///   the same bindings refuse them too; the next stretch is not sent.
+///
+/// Where it is not proven, and pipelining a run may let later messages reach
+/// consumers ahead of `k`'s retry (or of its replay from the dead letters): a
+/// `nack` of `k` with later messages confirmed (RabbitMQ nacks only when a queue
+/// cannot take a message: an internal error of the queue process, or a queue at
+/// its length limit with `overflow = reject-publish` that a consumer drains in
+/// between), and a headers exchange that routes by headers that differ between the
+/// events of a run. The relay logs such a run as an error. Where that matters, use
+/// `overflow = drop-head` or no length limit, route by routing key, or wrap the
+/// publisher in one that keeps [`RunOrder::OneAtATime`].
 #[derive(Debug, Clone)]
 pub struct AmqpPublisher {
     inner: Arc<Inner>,
@@ -243,6 +268,44 @@ impl AmqpPublisher {
 
 impl Publisher for AmqpPublisher {
     async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        self.deliver(events, false).await
+    }
+
+    fn run_order(&self) -> RunOrder {
+        RunOrder::Pipelined
+    }
+
+    /// The run in flight on the one confirm channel, one stretch of events with the
+    /// same exchange and routing key after the other; see the type's documentation
+    /// for why the order holds and where it may not.
+    async fn publish_run(&self, run: &[Event]) -> RunOutcome {
+        let routing = self.routing();
+        let mut published = 0;
+        for stretch in run.chunk_by(
+            |a, b| matches!((routing.route(a), routing.route(b)), (Ok(a), Ok(b)) if a == b),
+        ) {
+            let outcome = RunOutcome::from_outcomes(self.deliver(stretch, true).await);
+            published += outcome.published;
+            if let Some(error) = outcome.failure {
+                return RunOutcome::failed(published, error);
+            }
+        }
+        RunOutcome::complete(run.len())
+    }
+
+    async fn check(&self) -> Result<(), PublishError> {
+        self.channel()
+            .await
+            .map(|_| ())
+            .map_err(|e| PublishError::unavailable(e.to_string()))
+    }
+}
+
+impl AmqpPublisher {
+    /// Send `events` in order on the confirm channel and await every confirm. With
+    /// `stop_at_failure`, a message that cannot be sent ends the sending: nothing
+    /// after it goes out (reported as not sent).
+    async fn deliver(&self, events: &[Event], stop_at_failure: bool) -> Vec<Outcome> {
         if events.is_empty() {
             return Vec::new();
         }
@@ -260,6 +323,9 @@ impl Publisher for AmqpPublisher {
                 Err(error) => {
                     broken |= error.is_retryable();
                     outcomes[i] = Some(Outcome::Failed(error));
+                    if stop_at_failure {
+                        break;
+                    }
                 }
             }
         }
@@ -323,12 +389,5 @@ impl Publisher for AmqpPublisher {
                 None => Outcome::retryable("AMQP: message was not sent"),
             })
             .collect()
-    }
-
-    async fn check(&self) -> Result<(), PublishError> {
-        self.channel()
-            .await
-            .map(|_| ())
-            .map_err(|e| PublishError::unavailable(e.to_string()))
     }
 }

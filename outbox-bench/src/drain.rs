@@ -168,6 +168,10 @@ pub(crate) enum Broker {
     Nats,
     /// Kafka, e.g. tansu from `scripts/tansu.sh` (needs the `kafka` feature).
     Kafka,
+    /// RabbitMQ (needs the `amqp` feature).
+    Amqp,
+    /// SQS, e.g. moto from `scripts/moto.sh`: a FIFO queue (needs the `sqs` feature).
+    Sqs,
 }
 
 #[derive(Args, Debug)]
@@ -190,6 +194,21 @@ pub(crate) struct BrokerArgs {
     /// over the publisher's own settings, e.g. `linger.ms=5`.
     #[arg(long = "kafka-set", value_parser = key_value)]
     kafka_set: Vec<(String, String)>,
+    /// RabbitMQ server.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    amqp_url: String,
+    /// SQS endpoint (`scripts/moto.sh` exports moto's as `OUTBOX_SQS_ENDPOINT`).
+    #[arg(
+        long,
+        env = "OUTBOX_SQS_ENDPOINT",
+        default_value = "http://127.0.0.1:5000"
+    )]
+    sqs_endpoint: String,
+    /// Instead of comparing with the null publisher, drain the backlog once per
+    /// number of aggregates in this list (e.g. `1,10,10000`) into the broker, and
+    /// compare the first rate with the last.
+    #[arg(long, value_delimiter = ',')]
+    aggregate_counts: Vec<u64>,
 }
 
 fn key_value(text: &str) -> std::result::Result<(String, String), String> {
@@ -210,13 +229,13 @@ pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report>
     let d = o.start(url, args.workers.max(1), Retention::Delete).await?;
     let (config, relays) = (&d.config, d.relays);
 
+    let broker_config = config.clone().workers(args.workers.max(1));
+    if !args.aggregate_counts.is_empty() {
+        return per_aggregate_count(&d, args, &broker_config).await;
+    }
     // The broker first: a binary built without its feature stops here.
     d.bench.backlog(o.events, o.aggregates).await?;
-    let broker_config = config.clone().workers(args.workers.max(1));
-    let (broker, broker_rate) = match args.broker {
-        Broker::Nats => nats_rate(&d, args, &broker_config).await?,
-        Broker::Kafka => kafka_rate(&d, args, &broker_config).await?,
-    };
+    let (broker, broker_rate) = broker_rate(&d, args, &broker_config).await?;
 
     d.bench.backlog(o.events, o.aggregates).await?;
     progress("relay draining into the null publisher");
@@ -253,6 +272,72 @@ pub(crate) async fn drain_broker(url: &str, args: &BrokerArgs) -> Result<Report>
             }
             json
         },
+    })
+}
+
+/// Drain rate of the backlog in place into the chosen broker, and its name.
+async fn broker_rate(
+    d: &Drains,
+    args: &BrokerArgs,
+    config: &RelayConfig,
+) -> Result<(&'static str, f64)> {
+    match args.broker {
+        Broker::Nats => nats_rate(d, args, config).await,
+        Broker::Kafka => kafka_rate(d, args, config).await,
+        Broker::Amqp => amqp_rate(d, args, config).await,
+        Broker::Sqs => sqs_rate(d, args, config).await,
+    }
+}
+
+/// `drain-broker --aggregate-counts`: the same number of events over each number of
+/// aggregates, drained into the broker; the ratio of the first rate to the last
+/// (with `1,10,10000`: a hot aggregate against many).
+async fn per_aggregate_count(
+    d: &Drains,
+    args: &BrokerArgs,
+    config: &RelayConfig,
+) -> Result<Report> {
+    let o = &args.options;
+    let mut rates = Vec::with_capacity(args.aggregate_counts.len());
+    let mut name = "";
+    for &aggregates in &args.aggregate_counts {
+        d.bench.backlog(o.events, aggregates).await?;
+        progress(format!("{aggregates} aggregates"));
+        let (broker, rate) = broker_rate(d, args, config).await?;
+        progress(format!(
+            "{aggregates} aggregates: {broker} {rate:.0} events/s"
+        ));
+        name = broker;
+        rates.push((aggregates, rate));
+    }
+    let first = rates.first().map_or(0.0, |r| r.1);
+    let last = rates.last().map_or(0.0, |r| r.1);
+    let ratio = if last > 0.0 { first / last } else { 0.0 };
+    let figures: Vec<String> = rates
+        .iter()
+        .map(|(aggregates, rate)| format!("{aggregates} aggregates {rate:.0} events/s"))
+        .collect();
+    Ok(Report {
+        line: format!(
+            "drain-broker: {name} {}; first/last {ratio:.2} [events={} relays={} batch={} \
+             workers={} ordering={}]",
+            figures.join(", "),
+            o.events,
+            d.relays,
+            config.batch_size,
+            args.workers,
+            !o.unordered
+        ),
+        json: json!({
+            "scenario": "drain-broker", "broker": name, "events": o.events,
+            "relays": d.relays, "workers": args.workers, "batch_size": config.batch_size,
+            "ordering": !o.unordered,
+            "rates": rates
+                .iter()
+                .map(|(aggregates, rate)| json!({"aggregates": aggregates, "events_per_s": rate}))
+                .collect::<Vec<_>>(),
+            "first_to_last": ratio,
+        }),
     })
 }
 
@@ -316,9 +401,122 @@ async fn kafka_rate(
     Err(built_without("kafka"))
 }
 
+/// Drain rate into a fresh RabbitMQ topic exchange with one durable queue bound to
+/// every routing key; both deleted after the drain.
+#[cfg(feature = "amqp")]
+async fn amqp_rate(
+    d: &Drains,
+    args: &BrokerArgs,
+    config: &RelayConfig,
+) -> Result<(&'static str, f64)> {
+    use pgoutbox_amqp::lapin::options::{
+        ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    };
+    use pgoutbox_amqp::lapin::types::FieldTable;
+    use pgoutbox_amqp::lapin::ExchangeKind;
+    use pgoutbox_amqp::{AmqpConfig, AmqpRouting};
+
+    let name = format!("outbox_bench_{}", uuid::Uuid::now_v7().simple());
+    let publisher = AmqpConfig::new(&args.amqp_url)
+        .routing(AmqpRouting::new(&name))
+        .connect()
+        .await?;
+    publisher.declare_exchange(ExchangeKind::Topic).await?;
+    let channel = publisher.channel().await?;
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(&name, durable, FieldTable::default())
+        .await?;
+    channel
+        .queue_bind(
+            &name,
+            &name,
+            "#",
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    progress(format!("relay draining into RabbitMQ exchange {name}"));
+    let rate = d.relay_rate(publisher.clone(), config).await;
+    let _ = channel
+        .queue_delete(&name, QueueDeleteOptions::default())
+        .await;
+    let _ = channel
+        .exchange_delete(&name, ExchangeDeleteOptions::default())
+        .await;
+    Ok(("RabbitMQ", rate?))
+}
+
+#[cfg(not(feature = "amqp"))]
+async fn amqp_rate(
+    _d: &Drains,
+    _args: &BrokerArgs,
+    _config: &RelayConfig,
+) -> Result<(&'static str, f64)> {
+    Err(built_without("amqp"))
+}
+
+/// Drain rate into a fresh SQS FIFO queue (message group = aggregate id), deleted
+/// after the drain.
+#[cfg(feature = "sqs")]
+async fn sqs_rate(
+    d: &Drains,
+    args: &BrokerArgs,
+    config: &RelayConfig,
+) -> Result<(&'static str, f64)> {
+    use pgoutbox_sqs::aws_sdk_sqs::types::QueueAttributeName;
+    use pgoutbox_sqs::SqsConfig;
+
+    let name = format!("outbox-bench-{}.fifo", uuid::Uuid::now_v7().simple());
+    let publisher = SqsConfig::new(&name)
+        .endpoint(&args.sqs_endpoint)
+        .region("us-east-1")
+        .credentials("test", "test")
+        .build()
+        .await?;
+    let created = publisher
+        .client()
+        .create_queue()
+        .queue_name(&name)
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .send()
+        .await?;
+    progress(format!("relay draining into SQS FIFO queue {name}"));
+    let publisher = std::sync::Arc::new(publisher);
+    let rate = d
+        .relay_rate(std::sync::Arc::clone(&publisher), config)
+        .await;
+    if let Some(url) = created.queue_url() {
+        let _ = publisher
+            .client()
+            .delete_queue()
+            .queue_url(url)
+            .send()
+            .await;
+    }
+    Ok(("SQS", rate?))
+}
+
+#[cfg(not(feature = "sqs"))]
+async fn sqs_rate(
+    _d: &Drains,
+    _args: &BrokerArgs,
+    _config: &RelayConfig,
+) -> Result<(&'static str, f64)> {
+    Err(built_without("sqs"))
+}
+
 /// The error of `drain-broker --broker <name>` in a binary built without the
 /// broker's feature (named like the broker).
-#[cfg(any(not(feature = "nats"), not(feature = "kafka")))]
+#[cfg(any(
+    not(feature = "nats"),
+    not(feature = "kafka"),
+    not(feature = "amqp"),
+    not(feature = "sqs")
+))]
 fn built_without(name: &str) -> Box<dyn std::error::Error + Send + Sync> {
     format!("drain-broker --broker {name}: built without the `{name}` feature (build with `--features {name}`)").into()
 }

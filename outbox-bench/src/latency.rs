@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use pgoutbox_core::{DynPublisher, Event, NullPublisher, Outcome, Publisher};
+use pgoutbox_core::{DynPublisher, Event, NullPublisher, Outcome, Publisher, RunOrder, RunOutcome};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -88,10 +88,31 @@ impl Publisher for Stamping {
             .zip(&outcomes)
             .filter(|(_, o)| matches!(o, Outcome::Published))
             .map(|(e, _)| (e.id, now));
+        self.stamp(published);
+        outcomes
+    }
+
+    fn run_order(&self) -> RunOrder {
+        self.inner.run_order_dyn()
+    }
+
+    async fn publish_run(&self, run: &[Event]) -> RunOutcome {
+        let outcome = self.inner.publish_run_boxed(run).await;
+        let now = Instant::now();
+        self.stamp(
+            run[..outcome.published.min(run.len())]
+                .iter()
+                .map(|e| (e.id, now)),
+        );
+        outcome
+    }
+}
+
+impl Stamping {
+    fn stamp(&self, published: impl Iterator<Item = (Uuid, Instant)>) {
         if let Ok(mut seen) = self.seen.lock() {
             seen.extend(published);
         }
-        outcomes
     }
 }
 

@@ -75,8 +75,9 @@ enum Scenario {
     /// Drain a backlog with K relays and a null publisher; compare with the same SQL
     /// work done without the relay.
     Drain(drain::DrainArgs),
-    /// Drain a backlog into NATS JetStream; compare with the null publisher
-    /// (needs the `nats` feature).
+    /// Drain a backlog into a broker (NATS JetStream, Kafka, RabbitMQ, SQS; each
+    /// needs its feature); compare with the null publisher, or with
+    /// `--aggregate-counts` the same backlog over several numbers of aggregates.
     DrainBroker(drain::BrokerArgs),
     /// Concurrent producer transactions with and without an outbox event, per wake-up mode.
     Produce(produce::ProduceArgs),

@@ -52,7 +52,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::envelope::{CloudEvents, ContentMode, Envelope, Metadata};
 use crate::event::{Event, Headers, NewEvent, TypedEvent, TRACEPARENT};
-use crate::publisher::{FailureKind, Outcome, Publisher};
+use crate::publisher::{FailureKind, Outcome, Publisher, RunOrder, RunOutcome};
 
 pub mod memory;
 pub mod proxy;
@@ -254,6 +254,7 @@ macro_rules! conformance_tests {
             republish_is_published,
             refused_message_fails_alone,
             failed_event_holds_back_its_run,
+            hot_run_failure_keeps_order,
             typed_payload_round_trip,
             unreachable_broker_is_unavailable,
         );
@@ -607,18 +608,8 @@ pub async fn refused_message_fails_alone<T: ConformanceTarget>(target: &T) {
 /// the run after it while it fails; then the rest, in order.
 pub async fn failed_event_holds_back_its_run<T: ConformanceTarget>(target: &T) {
     use crate::testing::MemoryStore;
-    use crate::{NewEvent, Relay, RelayConfig, RetryPolicy};
+    use crate::{Relay, RelayConfig, RetryPolicy};
 
-    let to_new = |e: &Event| NewEvent {
-        id: e.id,
-        aggregate_type: e.aggregate_type.clone(),
-        aggregate_id: e.aggregate_id.clone(),
-        event_type: e.event_type.clone(),
-        payload: e.payload_str().to_string(),
-        headers: e.headers.clone(),
-        destination: e.destination.clone(),
-        not_before: None,
-    };
     for refused_by_broker in [false, true] {
         let store = MemoryStore::new();
         let mut run: Vec<Event> = (0..6)
@@ -708,6 +699,214 @@ pub async fn failed_event_holds_back_its_run<T: ConformanceTarget>(target: &T) {
     }
 }
 
+/// Events in one aggregate's run of the hot-run checks: a full claim of the relay.
+pub const HOT_RUN: usize = 200;
+
+/// A relay over an in-memory outbox holding a hot run of [`HOT_RUN`] events of one
+/// aggregate (and two events of each of three others), claimed whole, retried at once.
+fn hot_run_relay<P: Publisher>(
+    publisher: impl FnOnce(&[Event]) -> P,
+) -> (
+    crate::Relay<crate::testing::MemoryStore, P>,
+    Vec<Event>,
+    Vec<Event>,
+) {
+    use crate::testing::MemoryStore;
+    use crate::{Relay, RelayConfig, RetryPolicy};
+
+    let store = MemoryStore::new();
+    let run: Vec<Event> = (0..HOT_RUN as i64)
+        .map(|i| event("conformance_order", "hot", "conformance.created", i))
+        .collect();
+    let others: Vec<Event> = (0..6)
+        .map(|i| {
+            let aggregate = format!("cold-{}", i % 3);
+            event("conformance_order", &aggregate, "conformance.created", i)
+        })
+        .collect();
+    // The hot run first, so that one claim holds it whole.
+    for e in run.iter().chain(&others) {
+        if let Err(error) = store.enqueue(to_new(e)) {
+            panic!("cannot enqueue conformance event {}: {error}", e.id);
+        }
+    }
+    let relay = Relay::new(store, publisher(&run)).with_config(
+        RelayConfig::default()
+            .batch_size(HOT_RUN + others.len())
+            .publish_timeout(PUBLISH_DEADLINE)
+            .retry(
+                RetryPolicy::default()
+                    .base_delay(Duration::ZERO)
+                    .max_delay(Duration::ZERO)
+                    .max_attempts(100),
+            ),
+    );
+    (relay, run, others)
+}
+
+/// Claim and publish until the outbox is empty, within [`PUBLISH_DEADLINE`]; pauses
+/// briefly after a claim that published nothing (a broker coming back).
+async fn drain_outbox<P: Publisher>(
+    relay: &crate::Relay<crate::testing::MemoryStore, P>,
+    check: &str,
+) {
+    let deadline = Instant::now() + PUBLISH_DEADLINE;
+    loop {
+        let report = match relay.run_once().await {
+            Ok(report) => report,
+            Err(e) => panic!("{check}: in-memory store failed: {e}"),
+        };
+        if report.claimed == 0 && crate::Store::pending(relay.store()).await.ok() == Some(0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{check}: outbox not drained within {PUBLISH_DEADLINE:?}: {:?}",
+            relay.stats().snapshot()
+        );
+        if report.published == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Read back every event of `run` and `others`; the first copies of each aggregate
+/// must have arrived in insertion order.
+async fn assert_first_copies_in_order<T: ConformanceTarget>(
+    target: &T,
+    run: &[Event],
+    others: &[Event],
+    check: &str,
+) {
+    let mut all = ids(run);
+    all.extend(ids(others));
+    let arrivals: Vec<Uuid> = collect_in_arrival_order(target, &all, &HashSet::new())
+        .await
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    let mut runs = vec![ids(run)];
+    for aggregate in ["cold-0", "cold-1", "cold-2"] {
+        runs.push(
+            others
+                .iter()
+                .filter(|e| e.aggregate_id == aggregate)
+                .map(|e| e.id)
+                .collect(),
+        );
+    }
+    if let Err(e) = crate::testing::check_first_arrivals(&arrivals, &runs) {
+        panic!("{check}: first copies at the broker: {e}");
+    }
+}
+
+/// A hot run of [`HOT_RUN`] events of one aggregate, claimed whole, where event `k`
+/// (at random) fails once with a retryable error, then succeeds: the relay records
+/// the published head, retries from `k`, and the broker's first copies of the run are
+/// in insertion order (whether the publisher pipelines runs or sends them one at a
+/// time).
+pub async fn hot_run_failure_keeps_order<T: ConformanceTarget>(target: &T) {
+    let k = fastrand::usize(1..HOT_RUN - 1);
+    let check = format!("hot_run_failure_keeps_order (event {k} fails once)");
+    let inner = build(target.publisher(), "publisher").await;
+    let (relay, run, others) = hot_run_relay(|run| FailFirstAttempt {
+        inner,
+        id: Some(run[k].id),
+        failed: std::sync::atomic::AtomicBool::new(false),
+    });
+    drain_outbox(&relay, &check).await;
+    let stats = relay.stats().snapshot();
+    assert_eq!(
+        (stats.published, stats.retried, stats.dead_lettered),
+        ((HOT_RUN + others.len()) as u64, 1, 0),
+        "{check}: every event published once recorded, one retry: {stats:?}"
+    );
+    assert_first_copies_in_order(target, &run, &others, &check).await;
+}
+
+/// [`hot_run_failure_keeps_order`] with the broker cut while the run is in flight
+/// ([`OutageTarget::cut`] at a random point of it) and back once the relay saw the
+/// failure: nothing lost, nothing dead-lettered, first copies in insertion order.
+pub async fn hot_run_outage_keeps_order<T: OutageTarget>(target: &T) {
+    let cut_after = fastrand::usize(1..HOT_RUN - 1);
+    let check = format!("hot_run_outage_keeps_order (cut near event {cut_after})");
+    let inner = build(target.outage_publisher(), "outage publisher").await;
+    let publisher = CutMidRun {
+        inner,
+        target,
+        cut_after,
+        sent: std::sync::atomic::AtomicUsize::new(0),
+        cut: std::sync::atomic::AtomicBool::new(false),
+    };
+    let (relay, run, others) = hot_run_relay(|_| publisher);
+    let first = match relay.run_once().await {
+        Ok(report) => report,
+        Err(e) => panic!("{check}: in-memory store failed: {e}"),
+    };
+    target.restore();
+    tracing::info!(?first, "{check}: first claim");
+    drain_outbox(&relay, &check).await;
+    let stats = relay.stats().snapshot();
+    assert_eq!(
+        (stats.published, stats.dead_lettered),
+        ((HOT_RUN + others.len()) as u64, 0),
+        "{check}: every event published, none dead-lettered (first claim {first:?}): {stats:?}"
+    );
+    assert_first_copies_in_order(target, &run, &others, &check).await;
+}
+
+/// Cuts the broker ([`OutageTarget::cut`]) once, while about the `cut_after`-th
+/// event of the claim is being sent: before the wave that holds it when runs go out
+/// one event at a time, at a random instant of the run's call when it is pipelined.
+struct CutMidRun<'t, P, T> {
+    inner: P,
+    target: &'t T,
+    cut_after: usize,
+    sent: std::sync::atomic::AtomicUsize,
+    cut: std::sync::atomic::AtomicBool,
+}
+
+impl<P: Publisher, T: OutageTarget> CutMidRun<'_, P, T> {
+    fn cut_once(&self) {
+        if !self.cut.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.target.cut();
+        }
+    }
+}
+
+impl<P: Publisher, T: OutageTarget> Publisher for CutMidRun<'_, P, T> {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        use std::sync::atomic::Ordering;
+        let before = self.sent.fetch_add(events.len(), Ordering::SeqCst);
+        if before + events.len() > self.cut_after {
+            self.cut_once();
+        }
+        self.inner.publish(events).await
+    }
+
+    async fn check(&self) -> Result<(), crate::PublishError> {
+        self.inner.check().await
+    }
+
+    fn run_order(&self) -> RunOrder {
+        self.inner.run_order()
+    }
+
+    async fn publish_run(&self, run: &[Event]) -> RunOutcome {
+        if self.cut.load(std::sync::atomic::Ordering::SeqCst) {
+            return self.inner.publish_run(run).await;
+        }
+        // Somewhere in the first milliseconds of the run: the messages in flight then
+        // are lost, refused or stored; which of them varies from run to run.
+        let delay = Duration::from_micros(fastrand::u64(0..3_000));
+        let (outcome, ()) = tokio::join!(self.inner.publish_run(run), async {
+            tokio::time::sleep(delay).await;
+            self.cut_once();
+        });
+        outcome
+    }
+}
+
 /// Fails event `id` with a retryable error on its first attempt, without sending it.
 struct FailFirstAttempt<P> {
     inner: P,
@@ -737,6 +936,48 @@ impl<P: Publisher> Publisher for FailFirstAttempt<P> {
             Outcome::retryable("conformance: injected failure"),
         );
         outcomes
+    }
+
+    async fn check(&self) -> Result<(), crate::PublishError> {
+        self.inner.check().await
+    }
+
+    fn run_order(&self) -> RunOrder {
+        self.inner.run_order()
+    }
+
+    /// The run's head before event `id` goes to the broker, pipelined; `id` fails.
+    async fn publish_run(&self, run: &[Event]) -> RunOutcome {
+        use std::sync::atomic::Ordering;
+        let position = self
+            .id
+            .and_then(|id| run.iter().position(|e| e.id == id))
+            .filter(|_| !self.failed.swap(true, Ordering::SeqCst));
+        let Some(position) = position else {
+            return self.inner.publish_run(run).await;
+        };
+        let head = self.inner.publish_run(&run[..position]).await;
+        if head.failure.is_some() {
+            return head;
+        }
+        RunOutcome::failed(
+            position,
+            crate::PublishError::retryable("conformance: injected failure"),
+        )
+    }
+}
+
+/// The event as written to the outbox, for enqueueing it into the in-memory store.
+fn to_new(e: &Event) -> crate::NewEvent {
+    crate::NewEvent {
+        id: e.id,
+        aggregate_type: e.aggregate_type.clone(),
+        aggregate_id: e.aggregate_id.clone(),
+        event_type: e.event_type.clone(),
+        payload: e.payload_str().to_string(),
+        headers: e.headers.clone(),
+        destination: e.destination.clone(),
+        not_before: None,
     }
 }
 

@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::event::Event;
-use crate::publisher::{FailureKind, Outcome, PublishError, Publisher};
+use crate::publisher::{FailureKind, Outcome, PublishError, Publisher, RunOrder, RunOutcome};
 
 /// Wraps a publisher in another.
 pub trait Layer<P> {
@@ -107,6 +107,22 @@ impl<P: Publisher> Publisher for Timeout<P> {
                 )))
             })
     }
+
+    fn run_order(&self) -> RunOrder {
+        self.inner.run_order()
+    }
+
+    /// A run not finished in time fails from its first event: the broker may have
+    /// taken a head of it, published again on retry, in order.
+    async fn publish_run(&self, run: &[Event]) -> RunOutcome {
+        match tokio::time::timeout(self.timeout, self.inner.publish_run(run)).await {
+            Ok(outcome) => outcome,
+            Err(_) => RunOutcome::failed(
+                0,
+                PublishError::retryable(format!("publish not finished within {:?}", self.timeout)),
+            ),
+        }
+    }
 }
 
 /// Counter with labels `publisher` and `outcome` (`published`, `retryable`,
@@ -156,19 +172,23 @@ impl<P> Metered<P> {
     }
 }
 
-impl<P: Publisher> Publisher for Metered<P> {
-    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
-        let started = Instant::now();
-        let outcomes = self.inner.publish(events).await;
+impl<P> Metered<P> {
+    /// Count `published` events and the kinds of `failures`, for one call that
+    /// started at `started`.
+    fn record<'a>(
+        &self,
+        started: Instant,
+        published: usize,
+        failures: impl Iterator<Item = &'a PublishError>,
+    ) {
         metrics::histogram!(PUBLISHER_CALL_DURATION, "publisher" => self.name.clone())
             .record(started.elapsed().as_secs_f64());
-        let mut counts = [0_u64; 4];
-        for outcome in &outcomes {
-            let i = match outcome.error().map(|e| e.kind) {
-                None => 0,
-                Some(FailureKind::Retryable) => 1,
-                Some(FailureKind::Permanent) => 2,
-                Some(FailureKind::Unavailable) => 3,
+        let mut counts = [published as u64, 0, 0, 0];
+        for error in failures {
+            let i = match error.kind {
+                FailureKind::Retryable => 1,
+                FailureKind::Permanent => 2,
+                FailureKind::Unavailable => 3,
             };
             counts[i] += 1;
         }
@@ -180,11 +200,37 @@ impl<P: Publisher> Publisher for Metered<P> {
             metrics::counter!(PUBLISHER_EVENTS, "publisher" => self.name.clone(), "outcome" => label)
                 .increment(count);
         }
+    }
+}
+
+impl<P: Publisher> Publisher for Metered<P> {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        let started = Instant::now();
+        let outcomes = self.inner.publish(events).await;
+        let published = outcomes.iter().filter(|o| o.error().is_none()).count();
+        self.record(
+            started,
+            published,
+            outcomes.iter().filter_map(Outcome::error),
+        );
         outcomes
     }
 
     fn check(&self) -> impl std::future::Future<Output = Result<(), PublishError>> + Send {
         self.inner.check()
+    }
+
+    fn run_order(&self) -> RunOrder {
+        self.inner.run_order()
+    }
+
+    /// Counts the run's published head and its failed event (the events held back
+    /// behind it were not handed to the broker: not counted).
+    async fn publish_run(&self, run: &[Event]) -> RunOutcome {
+        let started = Instant::now();
+        let outcome = self.inner.publish_run(run).await;
+        self.record(started, outcome.published, outcome.failure.iter());
+        outcome
     }
 }
 

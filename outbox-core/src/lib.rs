@@ -34,7 +34,9 @@ pub use envelope::DecodeError;
 pub use event::{Event, EventError, Headers, NewEvent, TypedEvent, TRACEPARENT};
 pub use liveness::Liveness;
 pub use local::{ChannelPublisher, NullPublisher, StdoutPublisher};
-pub use publisher::{DynPublisher, FailureKind, Outcome, PublishError, Publisher};
+pub use publisher::{
+    DynPublisher, FailureKind, Outcome, PublishError, Publisher, RunOrder, RunOutcome,
+};
 pub use relay::{BatchReport, Relay, RelayConfig, RelayStats, RelayStatsSnapshot};
 pub use retry::RetryPolicy;
 pub use routing::Routing;

@@ -109,6 +109,83 @@ impl PublishError {
     }
 }
 
+/// How far an ordered run of one aggregate's events went ([`Publisher::publish_run`]).
+///
+/// The first [`RunOutcome::published`] events of the run were published, in order;
+/// the next one failed with [`RunOutcome::failure`]; the events after it are left
+/// pending, held back behind it. Build one with [`RunOutcome::complete`] or
+/// [`RunOutcome::failed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunOutcome {
+    /// Events of the run's head that were published.
+    pub published: usize,
+    /// Why the event after them was not; `None` when the whole run was published.
+    pub failure: Option<PublishError>,
+}
+
+impl RunOutcome {
+    /// Every event of a run of `len` events was published.
+    pub fn complete(len: usize) -> Self {
+        Self {
+            published: len,
+            failure: None,
+        }
+    }
+
+    /// The first `published` events were published; the next one failed with `error`.
+    pub fn failed(published: usize, error: PublishError) -> Self {
+        Self {
+            published,
+            failure: Some(error),
+        }
+    }
+
+    /// The outcome of a run from the per-event outcomes of its first events, in
+    /// order: the head of published ones and the first failure.
+    ///
+    /// A message published after a failed one (what the broker's mechanism should
+    /// have prevented) is logged as an error: it may reach consumers ahead of the
+    /// failed event's retry or replay.
+    pub fn from_outcomes(outcomes: impl IntoIterator<Item = Outcome>) -> Self {
+        let mut outcomes = outcomes.into_iter();
+        let mut published = 0;
+        for outcome in outcomes.by_ref() {
+            match outcome {
+                Outcome::Published => published += 1,
+                Outcome::Failed(error) => {
+                    let overtaking = outcomes.filter(|o| o == &Outcome::Published).count();
+                    if overtaking > 0 {
+                        tracing::error!(
+                            failed_at = published,
+                            overtaking,
+                            %error,
+                            "messages of a run were published after a failed one of it; \
+                             consumers may see them ahead of its retry"
+                        );
+                    }
+                    return Self::failed(published, error);
+                }
+            }
+        }
+        Self::complete(published)
+    }
+}
+
+/// How a publisher sends a run of one aggregate's events ([`Publisher::run_order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RunOrder {
+    /// One event per broker round trip: each after the broker acknowledged the one
+    /// before. The relay publishes the claim in waves, one event of each aggregate
+    /// per [`Publisher::publish`] call, and never calls [`Publisher::publish_run`].
+    #[default]
+    OneAtATime,
+    /// [`Publisher::publish_run`] sends a whole run with many messages in flight and
+    /// keeps its order across failures (see there).
+    Pipelined,
+}
+
 /// Publishes batches of events to a broker.
 ///
 /// The contract, checked by the conformance suite (`conformance` feature):
@@ -185,6 +262,47 @@ pub trait Publisher: Send + Sync {
     fn check(&self) -> impl Future<Output = Result<(), PublishError>> + Send {
         async { Ok(()) }
     }
+
+    /// Whether [`Publisher::publish_run`] pipelines a run. Defaults to
+    /// [`RunOrder::OneAtATime`]: the relay publishes runs in waves through
+    /// [`Publisher::publish`], as for any publisher.
+    fn run_order(&self) -> RunOrder {
+        RunOrder::OneAtATime
+    }
+
+    /// Publish `run`, events of one aggregate in insertion order, and say how far it
+    /// went: the relay records the published head, the failure of the next event, and
+    /// leaves the rest pending to be retried from the failed one.
+    ///
+    /// The contract: when event `k` of the run is not published, the broker must not
+    /// have stored any event after `k` unless it stored `k` before it (a failure of
+    /// unknown outcome, such as a lost acknowledgement). Consumers then never see
+    /// an event ahead of an earlier one of its run: not after `k`'s retry, not after
+    /// its replay from the dead letters, not while followers of a dead letter are
+    /// blocked. Sending message `k + 1` only after `k` was acknowledged gives this;
+    /// a pipelining publisher needs the broker's help (see the broker crates).
+    ///
+    /// Defaults to one [`Publisher::publish`] call per event, stopping at the first
+    /// failure. The relay calls it only when [`Publisher::run_order`] says
+    /// [`RunOrder::Pipelined`].
+    fn publish_run(&self, run: &[Event]) -> impl Future<Output = RunOutcome> + Send {
+        async move {
+            for (k, event) in run.iter().enumerate() {
+                let outcome = self.publish(std::slice::from_ref(event)).await;
+                match outcome.into_iter().next() {
+                    Some(Outcome::Published) => {}
+                    Some(Outcome::Failed(error)) => return RunOutcome::failed(k, error),
+                    None => {
+                        return RunOutcome::failed(
+                            k,
+                            PublishError::retryable("publisher returned no outcome"),
+                        )
+                    }
+                }
+            }
+            RunOutcome::complete(run.len())
+        }
+    }
 }
 
 impl<P: Publisher + ?Sized> Publisher for Arc<P> {
@@ -195,6 +313,14 @@ impl<P: Publisher + ?Sized> Publisher for Arc<P> {
     fn check(&self) -> impl Future<Output = Result<(), PublishError>> + Send {
         (**self).check()
     }
+
+    fn run_order(&self) -> RunOrder {
+        (**self).run_order()
+    }
+
+    fn publish_run(&self, run: &[Event]) -> impl Future<Output = RunOutcome> + Send {
+        (**self).publish_run(run)
+    }
 }
 
 impl<P: Publisher + ?Sized> Publisher for Box<P> {
@@ -204,6 +330,14 @@ impl<P: Publisher + ?Sized> Publisher for Box<P> {
 
     fn check(&self) -> impl Future<Output = Result<(), PublishError>> + Send {
         (**self).check()
+    }
+
+    fn run_order(&self) -> RunOrder {
+        (**self).run_order()
+    }
+
+    fn publish_run(&self, run: &[Event]) -> impl Future<Output = RunOutcome> + Send {
+        (**self).publish_run(run)
     }
 }
 
@@ -230,6 +364,10 @@ pub trait DynPublisher: Send + Sync {
     fn publish_boxed<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Vec<Outcome>>;
     /// [`Publisher::check`], boxed.
     fn check_boxed(&self) -> BoxFuture<'_, Result<(), PublishError>>;
+    /// [`Publisher::run_order`].
+    fn run_order_dyn(&self) -> RunOrder;
+    /// [`Publisher::publish_run`], boxed.
+    fn publish_run_boxed<'a>(&'a self, run: &'a [Event]) -> BoxFuture<'a, RunOutcome>;
 }
 
 impl<P: Publisher> DynPublisher for P {
@@ -239,6 +377,14 @@ impl<P: Publisher> DynPublisher for P {
 
     fn check_boxed(&self) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(self.check())
+    }
+
+    fn run_order_dyn(&self) -> RunOrder {
+        self.run_order()
+    }
+
+    fn publish_run_boxed<'a>(&'a self, run: &'a [Event]) -> BoxFuture<'a, RunOutcome> {
+        Box::pin(self.publish_run(run))
     }
 }
 
@@ -252,5 +398,13 @@ impl Publisher for dyn DynPublisher + '_ {
 
     async fn check(&self) -> Result<(), PublishError> {
         self.check_boxed().await
+    }
+
+    fn run_order(&self) -> RunOrder {
+        self.run_order_dyn()
+    }
+
+    async fn publish_run(&self, run: &[Event]) -> RunOutcome {
+        self.publish_run_boxed(run).await
     }
 }

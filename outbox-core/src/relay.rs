@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::broker_health::{BrokerHealth, BrokerStatus, Change};
 use crate::event::Event;
 use crate::liveness::Liveness;
-use crate::publisher::{FailureKind, Outcome, PublishError, Publisher};
+use crate::publisher::{FailureKind, Outcome, PublishError, Publisher, RunOrder, RunOutcome};
 use crate::retry::{backoff, RetryPolicy};
 use crate::store::{Claim, Decision, Store, StoreError};
 use crate::telemetry;
@@ -624,6 +624,9 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 .map(Some)
                 .collect();
         };
+        if self.publisher.run_order() == RunOrder::Pipelined {
+            return self.publish_runs(events, &waves, deadline, timeout).await;
+        }
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
         let mut failed_runs = vec![false; waves.runs()];
         for k in 0..waves.len() {
@@ -665,6 +668,64 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         outcomes
     }
 
+    /// Publish the claim through a pipelining publisher: every run of several events
+    /// in its own [`Publisher::publish_run`] call, the single events together in one
+    /// [`Publisher::publish`] call, all at once and bounded by `deadline`. A run's
+    /// events after its failed one are held back (`None`).
+    async fn publish_runs(
+        &self,
+        events: &[Event],
+        waves: &Waves,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    ) -> Vec<Option<Outcome>> {
+        let (runs, singles): (Vec<Vec<usize>>, Vec<Vec<usize>>) = waves
+            .runs_members()
+            .into_iter()
+            .partition(|run| run.len() > 1);
+        let singles: Vec<usize> = singles.into_iter().flatten().collect();
+        let single_events = gather(events, &singles);
+        let single_outcomes = async {
+            if singles.is_empty() {
+                Vec::new()
+            } else {
+                self.publish_call(&single_events, deadline, timeout).await
+            }
+        };
+        let run_outcomes = futures_util::future::join_all(runs.iter().map(|run| async move {
+            let batch = gather(events, run);
+            let outcome =
+                match tokio::time::timeout_at(deadline, self.publisher.publish_run(&batch)).await {
+                    Ok(outcome) => outcome,
+                    // The broker may have taken a head of the run: it is published
+                    // again from its first event, in order.
+                    Err(_) => RunOutcome::failed(
+                        0,
+                        PublishError::retryable(format!(
+                            "publish did not finish within {timeout:?}"
+                        )),
+                    ),
+                };
+            run_outcomes(run.len(), outcome)
+        }));
+        let (single_outcomes, run_outcomes) = tokio::join!(single_outcomes, run_outcomes);
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
+        for (i, outcome) in singles.iter().zip(single_outcomes) {
+            outcomes[*i] = Some(outcome);
+        }
+        for (run, results) in runs.iter().zip(run_outcomes) {
+            for (i, outcome) in run.iter().zip(results) {
+                outcomes[*i] = outcome;
+            }
+        }
+        let all_failed = outcomes.iter().flatten().all(|o| o != &Outcome::Published);
+        if all_failed {
+            self.failures_of_broker(outcomes.iter_mut().flatten(), timeout)
+                .await;
+        }
+        outcomes
+    }
+
     /// One publisher call, bounded by `deadline`; always one outcome per event.
     ///
     /// A wave in which nothing was published and some event failed retryably (a
@@ -673,6 +734,20 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// messages'. If it passes, they count as attempts: a message that makes every
     /// publish hang still reaches its dead letter.
     async fn publish_wave(
+        &self,
+        events: &[Event],
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    ) -> Vec<Outcome> {
+        let mut outcomes = self.publish_call(events, deadline, timeout).await;
+        if outcomes.iter().all(|o| o != &Outcome::Published) {
+            self.failures_of_broker(outcomes.iter_mut(), timeout).await;
+        }
+        outcomes
+    }
+
+    /// One [`Publisher::publish`] call bounded by `deadline`: one outcome per event.
+    async fn publish_call(
         &self,
         events: &[Event],
         deadline: tokio::time::Instant,
@@ -693,28 +768,31 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 events.len()
             );
             outcomes.resize(events.len(), Outcome::retryable(reason));
-            return outcomes;
         }
-        let all_failed = outcomes.iter().all(|o| o != &Outcome::Published);
-        let some_retryable = outcomes
-            .iter()
-            .filter_map(Outcome::error)
-            .any(|e| e.kind == FailureKind::Retryable);
-        if all_failed && some_retryable {
-            if let Some(reason) = self.broker_fails_check(timeout).await {
-                for outcome in &mut outcomes {
-                    if let Outcome::Failed(error) = outcome {
-                        if error.kind == FailureKind::Retryable {
-                            *outcome = Outcome::unavailable(format!(
-                                "{} (broker check: {reason})",
-                                error.message
-                            ));
-                        }
-                    }
+        outcomes
+    }
+
+    /// Nothing of a call went through: if some failure is retryable and the broker
+    /// fails [`Publisher::check`], the retryable failures were the broker's.
+    async fn failures_of_broker<'a>(
+        &self,
+        outcomes: impl Iterator<Item = &'a mut Outcome>,
+        timeout: Duration,
+    ) {
+        let mut retryable: Vec<&mut Outcome> = outcomes
+            .filter(|o| o.error().is_some_and(|e| e.kind == FailureKind::Retryable))
+            .collect();
+        if retryable.is_empty() {
+            return;
+        }
+        if let Some(reason) = self.broker_fails_check(timeout).await {
+            for outcome in &mut retryable {
+                if let Outcome::Failed(error) = &**outcome {
+                    **outcome =
+                        Outcome::unavailable(format!("{} (broker check: {reason})", error.message));
                 }
             }
         }
-        outcomes
     }
 
     /// `Some(reason)` if the broker fails [`Publisher::check`] within `limit`.
@@ -821,6 +899,28 @@ impl Stop {
             () = fut => {}
         }
     }
+}
+
+/// The events of `events` at `indices`, in that order.
+fn gather(events: &[Event], indices: &[usize]) -> Vec<Event> {
+    indices.iter().map(|&i| events[i].clone()).collect()
+}
+
+/// A run's per-event outcomes from its [`RunOutcome`]: the published head, the
+/// failed event, `None` (held back) for the rest.
+fn run_outcomes(len: usize, outcome: RunOutcome) -> Vec<Option<Outcome>> {
+    let published = outcome.published.min(len);
+    let mut outcomes: Vec<Option<Outcome>> = vec![Some(Outcome::Published); published];
+    if published < len {
+        let error = outcome.failure.unwrap_or_else(|| {
+            PublishError::retryable(format!(
+                "publisher stopped the run after {published} of {len} events without an error"
+            ))
+        });
+        outcomes.push(Some(Outcome::Failed(error)));
+        outcomes.resize(len, None);
+    }
+    outcomes
 }
 
 /// A count as a span field value (see `run_once`).

@@ -7,6 +7,10 @@
 //! aggregates go out together. Once an event of a run is not published, the rest of
 //! its run is held back: never sent, left pending without an attempt, so nothing
 //! overtakes it. Every publisher gets this rule from the relay; none implements it.
+//!
+//! A publisher that pipelines runs ([`crate::RunOrder::Pipelined`]) gets each run
+//! of several events in one call instead ([`crate::Publisher::publish_run`]), and
+//! keeps the order itself; the single events of the claim still go out in one call.
 
 use std::collections::HashMap;
 
@@ -90,6 +94,16 @@ impl Waves {
     pub(crate) fn run_of(&self, i: usize) -> usize {
         self.run_of[i]
     }
+
+    /// The claim indices of each run, in claim order: for a publisher that sends a
+    /// run in one call ([`crate::RunOrder::Pipelined`]).
+    pub(crate) fn runs_members(&self) -> Vec<Vec<usize>> {
+        let mut runs = vec![Vec::new(); self.runs];
+        for (i, &run) in self.run_of.iter().enumerate() {
+            runs[run].push(i);
+        }
+        runs
+    }
 }
 
 #[cfg(test)]
@@ -134,6 +148,15 @@ mod tests {
         assert_eq!(waves.wave(2), &[3]);
         assert_eq!(waves.run_of(3), waves.run_of(0));
         assert_ne!(waves.run_of(2), waves.run_of(0));
+    }
+
+    #[test]
+    fn runs_members_keep_claim_order() {
+        let waves = Waves::of(&events(&["a", "a", "b", "a", "c", "b"]));
+        assert_eq!(
+            waves.runs_members(),
+            vec![vec![0, 1, 3], vec![2, 5], vec![4]]
+        );
     }
 
     #[test]

@@ -40,3 +40,13 @@ async fn refused_message_check_fails_when_it_arrives_late() {
     assert!(!fails(MemoryBroker::new(Fault::None), check).await);
     assert!(fails(MemoryBroker::new(Fault::DeliversRefusedLate), check).await);
 }
+
+#[tokio::test]
+async fn hot_run_checks_pass_on_an_honest_broker() {
+    let failure =
+        |b: Arc<MemoryBroker>| async move { conformance::hot_run_failure_keeps_order(&*b).await };
+    assert!(!fails(MemoryBroker::new(Fault::None), failure).await);
+    let outage =
+        |b: Arc<MemoryBroker>| async move { conformance::hot_run_outage_keeps_order(&*b).await };
+    assert!(!fails(MemoryBroker::new(Fault::None), outage).await);
+}

@@ -492,3 +492,76 @@ async fn boxed_publisher_drives_the_relay() {
     assert_eq!(store.dead_letter_ids(), vec![refused.id]);
     pgoutbox_core::testing::check_first_arrivals(&recorder.published_ids(), &runs).unwrap();
 }
+
+/// A pipelining publisher over a [`RecordingPublisher`]: records the length of each
+/// run it is handed, and fails the run's event `fail_id` once.
+struct Pipelining {
+    inner: RecordingPublisher,
+    runs: std::sync::Mutex<Vec<usize>>,
+    fail_id: std::sync::Mutex<Option<uuid::Uuid>>,
+}
+
+impl pgoutbox_core::Publisher for Pipelining {
+    async fn publish(&self, events: &[pgoutbox_core::Event]) -> Vec<pgoutbox_core::Outcome> {
+        self.inner.publish(events).await
+    }
+
+    fn run_order(&self) -> pgoutbox_core::RunOrder {
+        pgoutbox_core::RunOrder::Pipelined
+    }
+
+    async fn publish_run(&self, run: &[pgoutbox_core::Event]) -> pgoutbox_core::RunOutcome {
+        self.runs.lock().unwrap().push(run.len());
+        let fail = self.fail_id.lock().unwrap().take();
+        match fail.and_then(|id| run.iter().position(|e| e.id == id)) {
+            Some(k) => {
+                let head = self.inner.publish(&run[..k]).await;
+                assert!(head.iter().all(|o| o == &pgoutbox_core::Outcome::Published));
+                pgoutbox_core::RunOutcome::failed(k, PublishError::retryable("injected"))
+            }
+            None => pgoutbox_core::RunOutcome::from_outcomes(self.inner.publish(run).await),
+        }
+    }
+}
+
+#[tokio::test]
+async fn pipelining_publisher_gets_each_run_whole_and_the_rest_in_one_call() {
+    let store = MemoryStore::new();
+    let mut ids = Vec::new();
+    for n in 0..10 {
+        let e = event("hot", n);
+        ids.push(e.id);
+        store.enqueue(e).unwrap();
+    }
+    store.enqueue(event("b", 0)).unwrap();
+    store.enqueue(event("c", 0)).unwrap();
+    let failing = ids[4];
+    let publisher = Arc::new(Pipelining {
+        inner: RecordingPublisher::new(),
+        runs: std::sync::Mutex::default(),
+        fail_id: std::sync::Mutex::new(Some(failing)),
+    });
+    let relay = Relay::new(store.clone(), Arc::clone(&publisher)).with_config(config(100));
+
+    let first = relay.run_once().await.unwrap();
+    assert_eq!(first.claimed, 12);
+    assert_eq!(
+        (first.published, first.retried, first.held_back),
+        (6, 1, 5),
+        "the run's head of four and both singles published, the fifth retried, the rest held back: {first:?}"
+    );
+    assert_eq!(publisher.runs.lock().unwrap().as_slice(), &[10]);
+    // The singles went out in one `publish` call, the run's head in another.
+    assert_eq!(publisher.inner.calls(), 2);
+
+    let second = relay.run_once().await.unwrap();
+    assert_eq!((second.claimed, second.published), (6, 6), "{second:?}");
+    assert_eq!(publisher.runs.lock().unwrap().as_slice(), &[10, 6]);
+    let hot: Vec<uuid::Uuid> = publisher
+        .inner
+        .published_ids()
+        .into_iter()
+        .filter(|id| ids.contains(id))
+        .collect();
+    assert_eq!(hot, ids, "the hot run in insertion order, each once");
+}

@@ -261,7 +261,9 @@ impl KafkaConfig {
     /// the properties this crate sets, so it can override them, `enable.idempotence`
     /// and `acks` included (which gives up the ordering and no-duplicate guarantees).
     ///
-    /// Set by this crate: `bootstrap.servers`, `enable.idempotence=true`, `acks=all`,
+    /// Set by this crate: `bootstrap.servers`, `enable.idempotence=true`,
+    /// `enable.gapless.guarantee=true`, `max.in.flight.requests.per.connection=5`
+    /// (what keeps an aggregate's pipelined run in order), `acks=all`,
     /// `message.timeout.ms` (from [`KafkaConfig::delivery_timeout`]),
     /// `topic.metadata.propagation.max.ms=5000` (how long a missing topic may take to
     /// appear before its events fail permanently as unknown topic) and `linger.ms=0`
@@ -284,6 +286,8 @@ impl KafkaConfig {
         client
             .set("bootstrap.servers", &self.brokers)
             .set("enable.idempotence", "true")
+            .set("enable.gapless.guarantee", "true")
+            .set("max.in.flight.requests.per.connection", "5")
             .set("acks", "all")
             .set(
                 "message.timeout.ms",
@@ -360,6 +364,11 @@ mod tests {
         assert_eq!(client.get("acks"), Some("all"));
         assert_eq!(client.get("message.timeout.ms"), Some("1500"));
         assert_eq!(client.get("linger.ms"), Some("0"));
+        assert_eq!(client.get("enable.gapless.guarantee"), Some("true"));
+        assert_eq!(
+            client.get("max.in.flight.requests.per.connection"),
+            Some("5")
+        );
     }
 
     #[test]

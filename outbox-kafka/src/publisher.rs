@@ -4,7 +4,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use pgoutbox_core::envelope::Envelope;
-use pgoutbox_core::{Event, Outcome, PublishError, Publisher};
+use pgoutbox_core::{Event, Outcome, PublishError, Publisher, RunOrder, RunOutcome};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
@@ -28,6 +28,16 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// All messages of a batch are queued in order and in flight at once; each event's
 /// outcome is its delivery report. Events of one aggregate share a key, hence a
 /// partition, and the idempotent producer keeps their order.
+///
+/// An aggregate's run goes out pipelined too ([`RunOrder::Pipelined`]): the
+/// idempotent producer numbers the messages of a partition and the broker refuses
+/// one that does not follow the last it wrote, so no message of the run is written
+/// after a failed one; with `enable.gapless.guarantee` a failure that would leave a
+/// gap stops the producer (fatal error; it is recreated) instead of going on. The
+/// one exception librdkafka states: messages that fail by `message.timeout.ms`
+/// ([`crate::KafkaConfig::delivery_timeout`]) are outside that guarantee, so keep
+/// the delivery timeout well above the time a broker takes to come back or fail
+/// over; such a case is logged as an error by the relay's publisher.
 ///
 /// Failure mapping: message too large, unknown topic or partition, invalid topic,
 /// record refused by the broker: permanent. Everything else (broker down,
@@ -142,15 +152,21 @@ impl KafkaPublisher {
     }
 }
 
-impl Publisher for KafkaPublisher {
-    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+impl KafkaPublisher {
+    /// Queue `events` in order (order within a partition is queue order) and await
+    /// every delivery report. With `stop_at_failure`, a message that cannot be queued
+    /// ends the queueing: the outcomes stop at its failure, nothing after it is sent.
+    async fn deliver(&self, events: &[Event], stop_at_failure: bool) -> Vec<Outcome> {
         let producer = self.producer();
         let deadline = Instant::now() + self.queue_timeout;
-        // Queue sequentially (order within a partition is queue order), await all at once.
         let mut queued = Vec::with_capacity(events.len());
         for event in events {
             let delivery = self.enqueue(&producer, event, deadline).await;
+            let failed = delivery.is_err();
             queued.push((delivery, event));
+            if failed && stop_at_failure {
+                break;
+            }
         }
         let outcomes = futures_util::future::join_all(queued.into_iter().map(|(queued, event)| async move {
             match queued {
@@ -172,6 +188,25 @@ impl Publisher for KafkaPublisher {
             self.recreate_if_fatal(&producer);
         }
         outcomes
+    }
+}
+
+impl Publisher for KafkaPublisher {
+    async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        self.deliver(events, false).await
+    }
+
+    fn run_order(&self) -> RunOrder {
+        RunOrder::Pipelined
+    }
+
+    /// The whole run in flight at once, in order: one key, hence one partition, where
+    /// the idempotent producer (sequence numbers checked by the broker, at most 5
+    /// requests in flight, `enable.gapless.guarantee`) writes a message only after
+    /// every earlier one of the producer: when message `k` fails, nothing after it
+    /// was written, or the producer stops with a fatal error and is recreated.
+    async fn publish_run(&self, run: &[Event]) -> RunOutcome {
+        RunOutcome::from_outcomes(self.deliver(run, true).await)
     }
 
     async fn check(&self) -> Result<(), PublishError> {

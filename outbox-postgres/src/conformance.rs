@@ -22,6 +22,10 @@ use crate::testing::{broker_relay_config, TestOutbox, Writer};
 const DEADLINE: Duration = Duration::from_secs(120);
 
 /// Longest the relay may take to see a broker that is down as an outage.
+/// The broker cut in the middle of a hot aggregate's run (from the publisher suite;
+/// run here with the other outage checks).
+pub use pgoutbox_core::conformance::hot_run_outage_keeps_order;
+
 const OUTAGE_SEEN_WITHIN: Duration = Duration::from_secs(15);
 
 const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -30,7 +34,8 @@ const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 /// forms as `pgoutbox_core::conformance_tests!`): `relay_conformance_tests!(make)` or
 /// `relay_conformance_tests!(make, cleanup)` run [`relay_end_to_end`],
 /// [`relay_refused_event_is_a_dead_letter_alone`] and, for a target that is an
-/// [`OutageTarget`], [`relay_outage_loses_nothing`];
+/// [`OutageTarget`], [`relay_outage_loses_nothing`] and the publisher suite's
+/// [`hot_run_outage_keeps_order`];
 /// `relay_conformance_tests!(make, cleanup, no_outage)` leaves the outage out, for a
 /// broker a test cannot take away (say why where you use it);
 /// `relay_conformance_tests!(make, cleanup, wal)` runs the end-to-end and refused
@@ -44,7 +49,7 @@ macro_rules! relay_conformance_tests {
     ($make:expr, $cleanup:expr) => {
         $crate::__core::conformance_tests!(@checks_of $crate; $make, $cleanup;
             relay_end_to_end, relay_refused_event_is_a_dead_letter_alone,
-            relay_outage_loses_nothing);
+            relay_outage_loses_nothing, hot_run_outage_keeps_order);
     };
     ($make:expr, $cleanup:expr, no_outage) => {
         $crate::__core::conformance_tests!(@checks_of $crate; $make, $cleanup;

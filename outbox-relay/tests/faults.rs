@@ -268,6 +268,8 @@ type Produced = (Vec<Vec<Uuid>>, HashMap<Uuid, Instant>);
 /// events with `pause` between them.
 #[derive(Clone, Copy)]
 struct Load {
+    /// Aggregate ids are `<name>-<n>`.
+    name: &'static str,
     writer: Writer,
     producers: usize,
     aggregates: usize,
@@ -281,12 +283,27 @@ impl Load {
     /// `writer` by four producers, each a transaction of `per_tx` events every 900 ms.
     fn chaos(writer: Writer, events: usize, per_tx: usize) -> Self {
         Self {
+            name: "o",
             writer,
             producers: 4,
             aggregates: 500,
             events,
             per_tx,
             pause: Duration::from_millis(900),
+        }
+    }
+
+    /// One hot aggregate: `events` events by one producer, `per_tx` a transaction
+    /// every 200 ms.
+    fn hot(events: usize, per_tx: usize) -> Self {
+        Self {
+            name: "hot",
+            writer: Writer::Table,
+            producers: 1,
+            aggregates: 1,
+            events,
+            per_tx,
+            pause: Duration::from_millis(200),
         }
     }
 }
@@ -308,7 +325,7 @@ async fn produce(outbox: &TestOutbox, load: Load) -> Produced {
                     .iter()
                     .map(|&k| {
                         let aggregate = mine[k % mine.len()];
-                        (aggregate, event(&format!("o-{aggregate}"), k))
+                        (aggregate, event(&format!("{}-{aggregate}", load.name), k))
                     })
                     .collect();
                 let events: Vec<NewEvent> = batch.iter().map(|(_, e)| e.clone()).collect();
@@ -526,10 +543,33 @@ async fn a_broker_outage_longer_than_the_retry_schedule_dead_letters_nothing() {
 /// events are in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn relays_killed_at_random_lose_nothing_and_keep_order() {
+    let load = Load::chaos(Writer::Table, 40_000, 500);
+    relays_killed_while_producing("chaos", &[load], 5).await;
+}
+
+/// A hot aggregate under chaos: four relay processes drain while one producer
+/// writes 20,000 events of a single aggregate (500 a transaction) and four others
+/// write 8,000 events over 500 aggregates as background traffic; a random relay is
+/// killed with SIGKILL every 1-3 s and started again. Nothing is lost, repeats stay
+/// within what the killed relays had in flight, and the hot aggregate's first
+/// arrivals (and every other aggregate's) are in insertion order.
+#[tokio::test(flavor = "multi_thread")]
+async fn relays_killed_at_random_keep_a_hot_aggregate_in_order() {
+    let hot = Load::hot(20_000, 500);
+    let background = Load::chaos(Writer::Table, 8_000, 250);
+    relays_killed_while_producing("hot chaos", &[hot, background], 3).await;
+}
+
+/// Four relay processes drain while `loads` are written, the first one's producers
+/// setting the pace: until they finish, a random relay is killed with SIGKILL every
+/// 1-3 s and started again (at least `min_kills` times). Then the whole stream is
+/// read: nothing is lost, repeats stay within what the killed relays had in
+/// flight, and the first arrivals of each aggregate's events are in order.
+async fn relays_killed_while_producing(what: &str, loads: &[Load], min_kills: usize) {
     const RELAYS: usize = 4;
+    // As `Config::head` sets them.
     const BATCH_SIZE: usize = 50;
     const WORKERS: usize = 2;
-    let load = Load::chaos(Writer::Table, 40_000, 500);
     let (_turn, outbox, stream) = start().await;
     let began = Instant::now();
     let tap = stream.tap().await;
@@ -542,30 +582,46 @@ async fn relays_killed_at_random_lose_nothing_and_keep_order() {
     );
     let mut relays = start_relays(&config, RELAYS);
 
-    let producing = spawn_produce(&outbox, load);
-    let kills = kill_at_random_while(&producing, &mut relays, &config)
+    let mut producing: Vec<_> = loads
+        .iter()
+        .map(|&load| spawn_produce(&outbox, load))
+        .collect();
+    let pace = producing.remove(0);
+    let kills = kill_at_random_while(&pace, &mut relays, &config)
         .await
         .len();
-    let (runs, _) = producing.await.unwrap();
+    let (mut runs, _) = pace.await.unwrap();
+    for others in producing {
+        runs.extend(others.await.unwrap().0);
+    }
     let produced_in = began.elapsed();
     let drain_began = Instant::now();
     wait_until_drained(&outbox, Duration::from_secs(90)).await;
     let drained_in = drain_began.elapsed();
     terminate_all(relays);
 
+    let events: usize = loads.iter().map(|l| l.events).sum();
     let arrivals = stream.read_all(Duration::from_secs(60)).await;
     let (lost, stored_repeats) = tally(&arrivals, &runs);
-    let published = tap.stop(load.events, Duration::from_secs(30)).await;
+    let published = tap.stop(events, Duration::from_secs(30)).await;
     let (_, duplicates) = tally(&published, &runs);
     let bound = kills * BATCH_SIZE * WORKERS;
+    let written: Vec<String> = loads
+        .iter()
+        .map(|l| {
+            format!(
+                "{} events over {} `{}` aggregates",
+                l.events, l.aggregates, l.name
+            )
+        })
+        .collect();
     println!(
-        "chaos: {RELAYS} relays (batch {BATCH_SIZE}, {WORKERS} workers), {} events over \
-         {} aggregates written in {:.1} s while {kills} relays were killed with \
-         SIGKILL; drained {:.1} s after the last write; {} publishes, {duplicates} of them \
-         repeats (bound {bound} = kills x batch x workers); {} messages stored: {lost} lost, \
-         {stored_repeats} repeats (JetStream dropped the others by event id); total {:.1} s",
-        load.events,
-        load.aggregates,
+        "{what}: {RELAYS} relays (batch {BATCH_SIZE}, {WORKERS} workers), {} written in \
+         {:.1} s while {kills} relays were killed with SIGKILL; drained {:.1} s after the \
+         last write; {} publishes, {duplicates} of them repeats (bound {bound} = kills x \
+         batch x workers); {} messages stored: {lost} lost, {stored_repeats} repeats \
+         (JetStream dropped the others by event id); total {:.1} s",
+        written.join(" and "),
         produced_in.as_secs_f64(),
         drained_in.as_secs_f64(),
         published.len(),
@@ -573,10 +629,10 @@ async fn relays_killed_at_random_lose_nothing_and_keep_order() {
         began.elapsed().as_secs_f64(),
     );
     assert!(
-        kills >= 5,
+        kills >= min_kills,
         "only {kills} kills: the run was too short to mean much"
     );
-    assert_nothing_lost_and_in_order(&runs, load.events, &arrivals, &published, bound);
+    assert_nothing_lost_and_in_order(&runs, events, &arrivals, &published, bound);
     assert_eq!(dead_count(&outbox).await, 0);
     finish(stream, outbox).await;
 }
@@ -682,6 +738,7 @@ async fn relays_recover_by_themselves_when_postgresql_drops_their_sessions() {
     let producing = spawn_produce(
         &outbox,
         Load {
+            name: "o",
             writer: Writer::Table,
             producers: 2,
             aggregates: 200,

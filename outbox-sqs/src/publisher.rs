@@ -28,6 +28,14 @@ const MAX_BATCH_ENTRIES: usize = 10;
 /// Failure mapping: message over the size limit (checked before sending), invalid
 /// or missing queue, entry refused as the sender's fault: permanent. Throttling,
 /// server errors, timeouts, network errors: retryable.
+///
+/// An aggregate's run goes out one event per call
+/// ([`pgoutbox_core::RunOrder::OneAtATime`], the default), while the relay batches
+/// the events of different aggregates. Ten events of one message group in one
+/// `SendMessageBatch` would be stored in order, but SQS reports a result per entry
+/// and does not promise that the entries after a failed one (throttled, an internal
+/// error: retryable) are refused too; a consumer could then receive them ahead of
+/// the failed one's retry. SQS has no conditional send to make it refuse them.
 #[derive(Debug)]
 pub struct SqsPublisher {
     client: aws_sdk_sqs::Client,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::{BoxError, ConformanceTarget, OutageTarget, ReceivedMessage};
 use crate::event::{Event, Headers};
-use crate::publisher::{Outcome, PublishError, Publisher};
+use crate::publisher::{Outcome, PublishError, Publisher, RunOrder, RunOutcome};
 
 /// How the stand-in publisher misbehaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +127,23 @@ impl Publisher for MemoryPublisher {
             return Err(PublishError::unavailable("the broker is down"));
         }
         Ok(())
+    }
+
+    fn run_order(&self) -> RunOrder {
+        RunOrder::Pipelined
+    }
+
+    /// Event after event, yielding in between (so that an outage can begin in the
+    /// middle of a run), up to the first failure.
+    async fn publish_run(&self, run: &[Event]) -> RunOutcome {
+        for (k, event) in run.iter().enumerate() {
+            tokio::task::yield_now().await;
+            let outcome = self.publish(std::slice::from_ref(event)).await;
+            if let Some(Outcome::Failed(error)) = outcome.into_iter().next() {
+                return RunOutcome::failed(k, error);
+            }
+        }
+        RunOutcome::complete(run.len())
     }
 }
 

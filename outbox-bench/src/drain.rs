@@ -209,6 +209,10 @@ pub(crate) struct BrokerArgs {
     /// compare the first rate with the last.
     #[arg(long, value_delimiter = ',')]
     aggregate_counts: Vec<u64>,
+    /// With `--aggregate-counts`: also drain the last count's backlog into the
+    /// null publisher, after the broker drains (what the relay does without a broker).
+    #[arg(long)]
+    with_null: bool,
 }
 
 fn key_value(text: &str) -> std::result::Result<(String, String), String> {
@@ -310,6 +314,16 @@ async fn per_aggregate_count(
         name = broker;
         rates.push((aggregates, rate));
     }
+    let null_rate = match (args.with_null, args.aggregate_counts.last()) {
+        (true, Some(&aggregates)) => {
+            d.bench.backlog(o.events, aggregates).await?;
+            progress(format!(
+                "{aggregates} aggregates: relay draining into the null publisher"
+            ));
+            Some(d.relay_rate(NullPublisher, config).await?)
+        }
+        _ => None,
+    };
     let first = rates.first().map_or(0.0, |r| r.1);
     let last = rates.last().map_or(0.0, |r| r.1);
     let ratio = if last > 0.0 { first / last } else { 0.0 };
@@ -336,7 +350,7 @@ async fn per_aggregate_count(
                 .iter()
                 .map(|(aggregates, rate)| json!({"aggregates": aggregates, "events_per_s": rate}))
                 .collect::<Vec<_>>(),
-            "first_to_last": ratio,
+            "first_to_last": ratio, "null_events_per_s": null_rate,
         }),
     })
 }

@@ -10,7 +10,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::db::{is_drained, produce_at_rate, run_while, Bench};
-use crate::stats::{latency_millis, percentile};
+use crate::stats::{latency_millis, Percentiles};
 use crate::{progress, verdict, Mode, Report, Result};
 
 #[derive(Args, Debug)]
@@ -144,12 +144,14 @@ async fn measure(bench: &Bench, mode: Mode, rate: u64, duration: Duration) -> Re
     .await?;
 
     let millis = commit_to_publish_millis(&committed, &publisher.published())?;
+    let count = millis.len();
+    let p = Percentiles::of(millis);
     Ok(ModeLatency {
-        p50: percentile(&millis, 0.50),
-        p90: percentile(&millis, 0.90),
-        p99: percentile(&millis, 0.99),
-        max: millis.last().copied().unwrap_or(0.0),
-        count: millis.len(),
+        p50: p.at(0.50),
+        p90: p.at(0.90),
+        p99: p.at(0.99),
+        max: p.max(),
+        count,
         offered,
     })
 }

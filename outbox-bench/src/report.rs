@@ -128,6 +128,15 @@ struct Headline {
 
 const ROUNDS: usize = 3;
 
+/// The brokers of the `brokers` rows and the events drained into each: about two
+/// seconds' worth at each one's rate here (moto's SQS takes tens of events a second).
+const BROKERS: [(&str, u64); 4] = [
+    ("nats", 40_000),
+    ("amqp", 20_000),
+    ("kafka", 40_000),
+    ("sqs", 200),
+];
+
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_string()).collect()
 }
@@ -286,6 +295,34 @@ fn headlines() -> Vec<Headline> {
                 args
             },
             rows: console_rows,
+        },
+        Headline {
+            name: "brokers",
+            // Three rounds per broker, the aggregate counts in turn first.
+            invocations: BROKERS.len() * ROUNDS,
+            args: |s, i| {
+                let (broker, events) = BROKERS[i / ROUNDS];
+                let counts = if (i % ROUNDS).is_multiple_of(2) {
+                    "1,10000"
+                } else {
+                    "10000,1"
+                };
+                let events = if s.quick { events / 4 } else { events };
+                let mut args = strings(&[
+                    "drain-broker",
+                    "--broker",
+                    broker,
+                    "--aggregate-counts",
+                    counts,
+                ]);
+                args.extend([
+                    "--events".to_string(),
+                    events.to_string(),
+                    "--with-null".into(),
+                ]);
+                args
+            },
+            rows: broker_rows,
         },
         Headline {
             name: "wal",
@@ -924,6 +961,51 @@ fn console_rows(results: &[Value]) -> Result<Vec<Row>> {
         vec![arm("console on", on), arm("console off", off)],
         Some(Target::AtMost(1.25)),
     )])
+}
+
+fn broker_rows(results: &[Value]) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for runs in results.chunks(ROUNDS) {
+        let j = only(runs)?;
+        let name = text_of(j, "broker")?;
+        let (mut one, mut many, mut null) = (Vec::new(), Vec::new(), Vec::new());
+        for run in runs {
+            for rate in list(run, "rates")? {
+                match number_of(rate, "aggregates")? as u64 {
+                    1 => one.push(number_of(rate, "events_per_s")?),
+                    _ => many.push(number_of(rate, "events_per_s")?),
+                }
+            }
+            null.push(number_of(run, "null_events_per_s")?);
+        }
+        let shape = format!(
+            "{} events, ordered, 1 relay, batch {}",
+            number_of(j, "events")?,
+            number_of(j, "batch_size")?
+        );
+        // SQS keeps one event per call for a run: no target (docs/design.md, "One batch").
+        let target = (name != "SQS").then_some(Target::AtLeast(0.5));
+        rows.push(row(
+            "brokers",
+            format!("{name}: 1 aggregate vs 10,000"),
+            shape.clone(),
+            "events/s",
+            vec![
+                arm("1 aggregate", one),
+                arm("10,000 aggregates", many.clone()),
+            ],
+            target,
+        ));
+        rows.push(row(
+            "brokers",
+            format!("{name} vs null publisher, 10,000 aggregates"),
+            format!("{shape}; the null publisher drained after the broker"),
+            "events/s",
+            vec![arm(&name, many), arm("null publisher", null)],
+            None,
+        ));
+    }
+    Ok(rows)
 }
 
 fn wal_rows(results: &[Value]) -> Result<Vec<Row>> {

@@ -24,7 +24,7 @@ use crate::{progress, Result};
 
 #[derive(Args, Debug)]
 pub(crate) struct ReportArgs {
-    /// Smaller sizes and shorter phases: about 5 minutes instead of 15 (3 rounds all the same).
+    /// Smaller sizes and shorter phases: about 6 minutes instead of 20 (3 rounds all the same).
     #[arg(long)]
     quick: bool,
     /// Also write the table as Markdown to this file.
@@ -131,9 +131,9 @@ const ROUNDS: usize = 3;
 /// The brokers of the `brokers` rows and the events drained into each: about two
 /// seconds' worth at each one's rate here (moto's SQS takes tens of events a second).
 const BROKERS: [(&str, u64); 4] = [
-    ("nats", 40_000),
+    ("nats", 100_000),
     ("amqp", 20_000),
-    ("kafka", 40_000),
+    ("kafka", 80_000),
     ("sqs", 200),
 ];
 
@@ -148,7 +148,7 @@ fn headlines() -> Vec<Headline> {
             name: "drain",
             invocations: 1,
             args: |s, _| {
-                let events = s.pick("30000", "10000");
+                let events = s.pick("200000", "50000");
                 strings(&["drain", "--events", events, "--rounds", "3"])
             },
             rows: drain_rows,
@@ -160,7 +160,7 @@ fn headlines() -> Vec<Headline> {
                 strings(&[
                     "shapes",
                     "--events",
-                    s.pick("10000", "3000"),
+                    s.pick("100000", "20000"),
                     "--rounds",
                     "3",
                 ])
@@ -174,9 +174,9 @@ fn headlines() -> Vec<Headline> {
                 strings(&[
                     "backlog",
                     "--large",
-                    s.pick("100000", "30000"),
+                    s.pick("400000", "100000"),
                     "--small",
-                    s.pick("10000", "3000"),
+                    s.pick("40000", "20000"),
                     "--rounds",
                     "3",
                 ])
@@ -190,7 +190,7 @@ fn headlines() -> Vec<Headline> {
                 strings(&[
                     "scaling",
                     "--events",
-                    s.pick("20000", "6000"),
+                    s.pick("100000", "30000"),
                     "--rounds",
                     "3",
                 ])
@@ -204,7 +204,7 @@ fn headlines() -> Vec<Headline> {
                 strings(&[
                     "held",
                     "--events",
-                    s.pick("20000", "5000"),
+                    s.pick("100000", "20000"),
                     "--held",
                     s.pick("20000", "5000"),
                     "--rounds",
@@ -224,7 +224,7 @@ fn headlines() -> Vec<Headline> {
                     "--window-secs",
                     s.pick("5", "4"),
                     "--drain-events",
-                    s.pick("10000", "3000"),
+                    s.pick("50000", "10000"),
                     "--rounds",
                     "3",
                 ])
@@ -335,7 +335,7 @@ fn headlines() -> Vec<Headline> {
                     "--latency-secs",
                     s.pick("6", "3"),
                     "--backlog",
-                    s.pick("10000", "3000"),
+                    s.pick("50000", "10000"),
                 ])
             },
             rows: wal_rows,

@@ -20,6 +20,18 @@ pub struct TlsNatsServer {
     seed_file: PathBuf,
 }
 
+/// Whether a NATS server on `port` greets a new client with `INFO` (sent in clear
+/// before any TLS handshake).
+fn greets(port: u16) -> bool {
+    use std::io::Read;
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut greeting = [0u8; 4];
+    stream.read_exact(&mut greeting).is_ok() && &greeting == b"INFO"
+}
+
 impl TlsNatsServer {
     /// Start it with this server certificate and key (PEM files) and wait until it
     /// listens. Panics with the reason when it cannot (a test helper).
@@ -61,11 +73,13 @@ authorization {{ users = [ {{ nkey: "{nkey}" }}, {{ user: "{USER}", password: "{
             dir,
             seed_file,
         };
+        // Listening is not serving: a connection made while the server still starts
+        // up can be reset. Ready is when it greets a client with its INFO line.
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while !greets(port) {
             assert!(
                 Instant::now() < deadline,
-                "nats-server did not listen on {port}"
+                "nats-server did not answer on {port}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -66,21 +66,11 @@ pub(crate) struct Row {
     pub(crate) unit: String,
     /// One arm (a value with a target) or two (a ratio first/second per round).
     pub(crate) arms: Vec<Arm>,
-    /// `(at_least, threshold)`; none for rows that are context, not a claim.
-    pub(crate) target: Option<(bool, f64)>,
+    /// None for rows that are context, not a claim.
+    pub(crate) target: Option<Target>,
 }
 
 impl Row {
-    fn target(&self) -> Option<Target> {
-        self.target.map(|(at_least, t)| {
-            if at_least {
-                Target::AtLeast(t)
-            } else {
-                Target::AtMost(t)
-            }
-        })
-    }
-
     /// What the verdict is about: the ratio per round of two arms, or the one
     /// arm's values.
     pub(crate) fn judged(&self) -> Vec<f64> {
@@ -96,7 +86,7 @@ impl Row {
         if let Some(p) = previous {
             values.extend(p.judged());
         }
-        self.target().map(|t| Verdict::of(&values, t))
+        self.target.map(|t| Verdict::of(&values, t))
     }
 }
 
@@ -581,7 +571,7 @@ pub(crate) fn render(header: &Header, rows: &[Row], previous: &[Row]) -> String 
         let verdict = row
             .verdict(prev)
             .map_or("context".to_string(), |v| v.name().to_string());
-        let target = row.target().map_or("—".into(), |t| t.describe());
+        let target = row.target.map_or("—".into(), |t| t.describe());
         let _ = write!(
             out,
             "| {} | {} | {} | {} | {per_round} | **{}** | {target} | {verdict} |",
@@ -686,10 +676,7 @@ fn row(
         shape: shape.into(),
         unit: unit.into(),
         arms,
-        target: target.map(|t| match t {
-            Target::AtLeast(v) => (true, v),
-            Target::AtMost(v) => (false, v),
-        }),
+        target,
     }
 }
 

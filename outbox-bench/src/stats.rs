@@ -96,7 +96,7 @@ pub(crate) fn ratios_per_round(a: &[f64], b: &[f64]) -> Vec<f64> {
 }
 
 /// What a figure must reach.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Target {
     AtLeast(f64),
     AtMost(f64),

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use pgoutbox_core::{Claim, Decision, Event, Store, StoreError};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::postgres::PgRow;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
@@ -188,13 +188,10 @@ impl PgStore {
         self
     }
 
-    /// Connect a pool suited to a relay: `max_connections` connections, and an
-    /// `idle_in_transaction_session_timeout` on each, so that a relay cut off by the
-    /// network cannot hold its claimed rows for longer than `claim_timeout`.
-    ///
-    /// Connections are not pinged when taken from the pool (one round trip less per
-    /// batch); a broken one fails its claim, the relay retries after `error_backoff`
-    /// and the pool replaces it.
+    /// Connect a pool suited to a relay ([`crate::relay_pool_options`]):
+    /// `max_connections` connections, each with the session settings of
+    /// [`crate::relay_connect_options`], so that a relay cut off by the network
+    /// cannot hold its claimed rows for longer than `claim_timeout`.
     pub async fn connect(
         url: &str,
         max_connections: u32,
@@ -203,14 +200,11 @@ impl PgStore {
         let options: PgConnectOptions = url
             .parse()
             .map_err(|e: sqlx::Error| Error::InvalidConfig(format!("database URL: {e}")))?;
-        let millis = claim_timeout.as_millis().max(1).to_string();
-        let options = options.options([("idle_in_transaction_session_timeout", millis.as_str())]);
-        Ok(PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .test_before_acquire(false)
-            .connect_with(options)
-            .await?)
+        Ok(
+            crate::relay_pool_options(max_connections, Duration::from_secs(10))
+                .connect_with(crate::relay_connect_options(options, claim_timeout))
+                .await?,
+        )
     }
 
     /// The pool.

@@ -1,7 +1,7 @@
 //! Connecting to PostgreSQL with errors an operator can act on.
 
 use pgoutbox_postgres::Tables;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 use crate::config::DatabaseSettings;
@@ -38,8 +38,7 @@ pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool,
     }
     if let (Role::Relay, Some(timeout)) = (role, db.claim_timeout) {
         // A relay cut off mid-batch must not keep its rows locked for longer.
-        let millis = timeout.as_millis().max(1).to_string();
-        options = options.options([("idle_in_transaction_session_timeout", millis.as_str())]);
+        options = pgoutbox_postgres::relay_connect_options(options, timeout);
     }
     options = options.statement_cache_capacity(db.statement_cache);
     if db.pgbouncer {
@@ -66,10 +65,9 @@ pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool,
         Role::Relay => db.max_connections,
         Role::Admin => 2,
     };
-    Ok(PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(db.connect_timeout)
-        .connect_lazy_with(options))
+    // The pool the library's own `PgStore::connect` builds, which the benchmarks
+    // measure: no ping before each checkout.
+    Ok(pgoutbox_postgres::relay_pool_options(max, db.connect_timeout).connect_lazy_with(options))
 }
 
 /// Fail with a hint when the outbox table does not exist (migrations not applied).

@@ -53,6 +53,11 @@ const MIGRATIONS: &[Migration] = &[
         "any_writer",
         include_str!("../migrations/0008_any_writer.sql"),
     ),
+    Migration::new(
+        9,
+        "walk_starts",
+        include_str!("../migrations/0009_walk_starts.sql"),
+    ),
 ];
 
 /// The consumer inbox alone, for a service that consumes events and has no outbox

@@ -151,6 +151,11 @@ pub(crate) struct Sql {
     pub(crate) claim_runs: String,
     /// The relays table, qualified (see [`Sql::share_renew`]).
     relays: String,
+    /// A relay's saved walk start (`$1`: ordered), unless the events' sequence
+    /// has not reached it (migration 9).
+    pub(crate) walk_start_load: String,
+    /// Save a relay's walk start (`$1`: ordered, `$2`: the start).
+    pub(crate) walk_start_save: String,
     /// The front and the running producers, for ordered and for unordered walks.
     pub(crate) walk_front_ordered: String,
     pub(crate) walk_front_unordered: String,
@@ -267,6 +272,11 @@ impl Sql {
             "{}.{}",
             tables.schema().quoted(),
             tables.derived(tables.events(), "relays")
+        );
+        let walk_starts = format!(
+            "{}.{}",
+            tables.schema().quoted(),
+            tables.derived(tables.events(), "walk_starts")
         );
         // Advisory-lock key of one aggregate of this outbox: the two-int4 form, in a
         // key space of its own (objsubid 2), class = hash of the table name, so that
@@ -452,6 +462,8 @@ impl Sql {
                 ("held_until_idx", tables.derived(tables.events(), "held_until_idx")),
                 ("relays", relays.clone()),
                 ("relays_pkey", tables.derived(tables.events(), "relays_pkey")),
+                ("walk_starts", walk_starts.clone()),
+                ("walk_starts_pkey", tables.derived(tables.events(), "walk_starts_pkey")),
                 ("notify_channel", format!("'{notify_channel}'")),
                 ("probe_function", probe_function.clone()),
                 // Migration 8: writers in any language (plain SQL).
@@ -604,6 +616,19 @@ impl Sql {
                 not_held("k"),
             ),
             relays: relays.clone(),
+            // A saved start above the sequence's last value was saved before the
+            // table's identity was restarted: walks would skip every new event.
+            walk_start_load: format!(
+                "SELECT w.from_seq FROM {walk_starts} w WHERE w.ordered = $1 \
+                 AND w.from_seq <= COALESCE(pg_sequence_last_value({sequence}), 0)"
+            ),
+            // Whichever relay saved last: every start a relay adopted stays valid
+            // (`walk_start.rs`), a lower one is only less far on.
+            walk_start_save: format!(
+                "INSERT INTO {walk_starts} AS w (ordered, from_seq, saved_at) \
+                 VALUES ($1, $2, now()) ON CONFLICT (ordered) \
+                 DO UPDATE SET from_seq = EXCLUDED.from_seq, saved_at = EXCLUDED.saved_at"
+            ),
             // What moves the walk start (`walk_start.rs`): the oldest pending event at
             // or after $1 that a walk must see (ordered: of an aggregate not held;
             // held and not-due events included otherwise), as this statement's

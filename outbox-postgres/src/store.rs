@@ -257,6 +257,10 @@ impl PgStore {
         if self.config.ordering {
             self.keep_share().await;
         }
+        if self.walk_start.restore_due() {
+            self.restore_walk_start().await;
+        }
+        self.save_walk_start_when_due();
         self.look_below_when_due();
         let mut tx = self.pool.begin_with(self.begin_statement()).await?;
         self.waker.claiming();
@@ -298,6 +302,55 @@ impl PgStore {
             config: self.config,
             persistent: self.outbox.persistent(),
         })
+    }
+
+    /// Read the walk start relays saved (`walk_start.rs`, migration 9), once before
+    /// the first claim. Without it the relay walks from the beginning until its own
+    /// observations move its start on, as relays of earlier versions did.
+    async fn restore_walk_start(&self) {
+        let saved = sqlx::query_scalar::<_, i64>(&self.sql().walk_start_load)
+            .bind(self.config.ordering)
+            .persistent(self.outbox.persistent())
+            .fetch_optional(&self.pool)
+            .await;
+        let saved = match saved {
+            Ok(saved) => saved,
+            Err(error) => {
+                tracing::warn!(
+                    outbox = %self.name(),
+                    %error,
+                    "could not read the saved walk start (migration 9 applied?): \
+                     walking the pending index from its beginning until this relay's \
+                     own start moves on"
+                );
+                None
+            }
+        };
+        self.walk_start.restored(saved);
+    }
+
+    /// Save the walk start for relays that start later, off the claim path, when a
+    /// save is due (`walk_start.rs`). A failure only costs a later relay its head
+    /// start: logged, tried again after the interval.
+    fn save_walk_start_when_due(&self) {
+        let Some(from) = self.walk_start.save_due(Instant::now()) else {
+            return;
+        };
+        let store = self.clone();
+        tokio::spawn(async move {
+            let saved = sqlx::query(&store.sql().walk_start_save)
+                .bind(store.config.ordering)
+                .bind(from)
+                .persistent(store.outbox.persistent())
+                .execute(&store.pool)
+                .await;
+            if let Err(error) = &saved {
+                tracing::debug!(outbox = %store.name(), %error, "could not save the walk start");
+            }
+            store
+                .walk_start
+                .save_ended(saved.ok().map(|_| from), Instant::now());
+        });
     }
 
     /// Start a look below the walk start, off the claim path, when one is due

@@ -63,6 +63,34 @@ async fn traffic(
     }
 }
 
+/// The start relays saved for relays that start later (migration 9), once it is
+/// at least `at_least` (at most 20 s, `traffic` meanwhile: saves are made by claims).
+async fn saved_start(
+    db: &TestOutbox,
+    relay: &Relay<PgStore, RecordingPublisher>,
+    store: &PgStore,
+    at_least: i64,
+) -> i64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let saved: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT from_seq FROM {}.outbox_events_walk_starts WHERE ordered",
+            db.tables.schema().quoted()
+        ))
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap();
+        if let Some(saved) = saved.filter(|saved| *saved >= at_least) {
+            return saved;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no start of at least {at_least} saved (saved: {saved:?})"
+        );
+        traffic(db, relay, store, 1, None).await;
+    }
+}
+
 #[tokio::test]
 async fn the_walk_start_moves_past_published_events() {
     let db = TestOutbox::new().await.unwrap();
@@ -164,6 +192,31 @@ async fn the_walk_start_waits_for_a_producer_that_took_its_seq_before_writing() 
     db.drop_schema().await.unwrap();
 }
 
+/// Retry the dead letter `head`, claim once, and the events of `ids` `relay` has
+/// published, in publish order.
+async fn retry_and_claim(
+    db: &TestOutbox,
+    relay: &Relay<PgStore, RecordingPublisher>,
+    head: Uuid,
+    ids: &[Uuid],
+) -> Vec<Uuid> {
+    let dead_letters = DeadLetters::new(db.pool.clone(), &db.outbox);
+    assert_eq!(
+        dead_letters
+            .retry(&DeadLetterFilter::id(head))
+            .await
+            .unwrap(),
+        1
+    );
+    relay.run_once().await.unwrap();
+    relay
+        .publisher()
+        .published_ids()
+        .into_iter()
+        .filter(|id| ids.contains(id))
+        .collect()
+}
+
 /// A retried dead letter goes back into the pending index below the walk start;
 /// the next claim takes it up all the same, before its aggregate's followers.
 #[tokio::test]
@@ -183,21 +236,7 @@ async fn a_dead_letter_retried_behind_the_walk_start_is_claimed_next_in_order() 
         traffic(&db, &relay, &store, 0, Some(head_seq)).await;
 
         refuse.store(false, Ordering::SeqCst);
-        let dead_letters = DeadLetters::new(db.pool.clone(), &db.outbox);
-        assert_eq!(
-            dead_letters
-                .retry(&DeadLetterFilter::id(head))
-                .await
-                .unwrap(),
-            1
-        );
-        relay.run_once().await.unwrap();
-        let x: Vec<Uuid> = relay
-            .publisher()
-            .published_ids()
-            .into_iter()
-            .filter(|id| ids.contains(id))
-            .collect();
+        let x = retry_and_claim(&db, &relay, head, &ids).await;
         match policy {
             // The follower went out when its head was dead-lettered.
             AfterDeadLetter::Release => assert_eq!(x, vec![ids[1], head]),
@@ -205,4 +244,62 @@ async fn a_dead_letter_retried_behind_the_walk_start_is_claimed_next_in_order() 
         }
         db.drop_schema().await.unwrap();
     }
+}
+
+/// A relay that starts later (a deploy, a restart) walks from the start the running
+/// relays saved, not from the beginning; an aggregate held below it (a dead letter
+/// that blocks its follower) still goes out, in order, once the dead letter is
+/// retried.
+#[tokio::test]
+async fn a_relay_started_later_walks_from_the_saved_start_and_keeps_order() {
+    let (db, store, ids) = head_and_follower(AfterDeadLetter::Block).await;
+    let [head, follower] = ids;
+    let follower_seq = seq_of(&db, follower).await;
+    let publisher = RecordingPublisher::failing_when(move |e| {
+        (e.id == head).then(|| PublishError::permanent("unroutable"))
+    });
+    let relay = Relay::new(store.clone(), publisher).with_config(fast_config());
+    relay.run_once().await.unwrap();
+    traffic(&db, &relay, &store, 0, Some(follower_seq)).await;
+    let saved = saved_start(&db, &relay, &store, follower_seq + 1).await;
+    assert!(!relay.publisher().published_ids().contains(&follower));
+
+    let later = db.store().with_config(*store.config());
+    let relay = Relay::new(later.clone(), RecordingPublisher::new()).with_config(fast_config());
+    assert_eq!(later.walk_start(), i64::MIN);
+    relay.run_once().await.unwrap();
+    assert!(
+        later.walk_start() >= saved,
+        "the new relay walks from {} (saved: {saved})",
+        later.walk_start()
+    );
+    let published = retry_and_claim(&db, &relay, head, &ids).await;
+    assert_eq!(published, ids, "the retried dead letter, then its follower");
+    db.drop_schema().await.unwrap();
+}
+
+/// A saved start above the events' sequence was saved before the table's identity
+/// was restarted (`TRUNCATE ... RESTART IDENTITY`): a relay that starts then
+/// ignores it and publishes the new events at once.
+#[tokio::test]
+async fn a_saved_start_above_a_restarted_sequence_is_ignored() {
+    let db = TestOutbox::new().await.unwrap();
+    let store = db.store();
+    let relay = Relay::new(store.clone(), RecordingPublisher::new()).with_config(fast_config());
+    let first = db.enqueue_committed(&[event("x", 0)]).await.unwrap()[0];
+    let first_seq = seq_of(&db, first).await;
+    traffic(&db, &relay, &store, 0, Some(first_seq)).await;
+    let saved = saved_start(&db, &relay, &store, first_seq + 1).await;
+    sqlx::raw_sql(&format!("TRUNCATE {} RESTART IDENTITY", events_table(&db)))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let fresh = db.enqueue_committed(&[event("y", 0)]).await.unwrap()[0];
+    assert!(seq_of(&db, fresh).await < saved);
+
+    let later = db.store();
+    let relay = Relay::new(later.clone(), RecordingPublisher::new()).with_config(fast_config());
+    relay.run_once().await.unwrap();
+    assert_eq!(relay.publisher().published_ids(), vec![fresh]);
+    db.drop_schema().await.unwrap();
 }

@@ -253,9 +253,20 @@ impl Sql {
             .join(", ");
         // When a row is not due: its `available_at`, else NULL. A claim's rows are
         // almost always due, and a NULL costs the relay nothing to decode (a
-        // timestamp and a flag per row did: ~400 instructions per event).
+        // timestamp and a flag per row did). Due as of the clock, not `now()`: the
+        // claim's transaction began before its statement took its snapshot, and a
+        // producer that began in between and committed before the snapshot wrote an
+        // `available_at` (its own `now()`) later than the claim's `now()`. Its event
+        // looked not due, and its aggregate got a hold that the next claim took up
+        // and deleted: a write to the holds table for a few percent of the events,
+        // whose dead versions every claim and probe stepped over while a snapshot
+        // was held elsewhere. A visible row committed before the snapshot, so its
+        // producer's `now()` is never later than the clock.
         let waits_until = |alias: &str| {
-            format!("CASE WHEN {alias}.available_at > now() THEN {alias}.available_at END AS waits_until")
+            format!(
+                "CASE WHEN {alias}.available_at > clock_timestamp() THEN {alias}.available_at \
+                 END AS waits_until"
+            )
         };
         let waits_until_w = waits_until("w");
         // The ordered walk's record of its first failed lock; NULL until one fails
@@ -490,11 +501,12 @@ impl Sql {
                  destination, available_at, n) ORDER BY u.n"
             ),
 
-            // From the walk start ($2), as ordered claims walk.
+            // From the walk start ($2), as ordered claims walk; due as of the clock,
+            // as `waits_until` says why.
             claim_unordered: format!(
                 "SELECT {EVENT_COLUMNS} FROM {events} e \
                  WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.seq >= $2 \
-                 AND e.available_at <= now() \
+                 AND e.available_at <= clock_timestamp() \
                  ORDER BY e.seq LIMIT $1 FOR UPDATE SKIP LOCKED"
             ),
             // Ordered claim, step 1: walk the pending index in insertion order from

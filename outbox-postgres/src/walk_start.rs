@@ -44,8 +44,8 @@
 //! reads the saved one before its first claim: a start some relay adopted stays a
 //! valid start as events are published, so a relay that starts (a deploy, a
 //! restart after a crash) does not walk from the beginning of the pending index,
-//! over every entry vacuum has not removed (600,000 after a ten-minute held
-//! snapshot at 1,000 events/s), until its own observations move its start.
+//! over every entry vacuum has not removed (under a held snapshot, every event
+//! published since it was taken), until its own observations move its start.
 //!
 //! Events re-enter the pending index below the start in two ways the library does
 //! itself, each with an expired hold on its aggregate: a dead letter retried or its

@@ -308,11 +308,11 @@ impl PgStore {
     /// the first claim. Without it the relay walks from the beginning until its own
     /// observations move its start on, as relays of earlier versions did.
     async fn restore_walk_start(&self) {
-        let saved = sqlx::query_scalar::<_, i64>(&self.sql().walk_start_load)
-            .bind(self.config.ordering)
-            .persistent(self.outbox.persistent())
-            .fetch_optional(&self.pool)
-            .await;
+        let load = self.sql().walk_start_load(self.config.ordering);
+        let saved = sqlx::raw_sql(&load)
+            .fetch_all(&self.pool)
+            .await
+            .and_then(|rows| rows.first().map(|row| row.try_get::<i64, _>(0)).transpose());
         let saved = match saved {
             Ok(saved) => saved,
             Err(error) => {
@@ -338,12 +338,8 @@ impl PgStore {
         };
         let store = self.clone();
         tokio::spawn(async move {
-            let saved = sqlx::query(&store.sql().walk_start_save)
-                .bind(store.config.ordering)
-                .bind(from)
-                .persistent(store.outbox.persistent())
-                .execute(&store.pool)
-                .await;
+            let save = store.sql().walk_start_save(store.config.ordering, from);
+            let saved = sqlx::raw_sql(&save).execute(&store.pool).await;
             if let Err(error) = &saved {
                 tracing::debug!(outbox = %store.name(), %error, "could not save the walk start");
             }

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    event, fast_config, fill, first_publishes_in_order, run_all_until_drained, spawn_until_stopped,
-    FlakyPublisher,
+    event, fast_config, fill, first_publishes_in_order, run_all_until_drained, saved_walk_start,
+    spawn_until_stopped, FlakyPublisher,
 };
 use pgoutbox_core::testing::RecordingPublisher;
 use pgoutbox_core::{DeadLetterFilter, PublishError, Publisher, Relay, RetryPolicy, Store};
@@ -161,19 +161,9 @@ async fn claims_step_over_no_published_event_while_a_snapshot_is_held() {
 async fn a_relay_started_while_a_snapshot_is_held_walks_from_the_saved_start() {
     let (db, holder, store, relay) = publish_ten_thousand().await;
     let passed = store.walk_start();
-    let saved = || async {
-        sqlx::query_scalar::<_, i64>(&format!(
-            "SELECT from_seq FROM {}.outbox_events_walk_starts WHERE ordered",
-            db.tables.schema().quoted()
-        ))
-        .fetch_optional(&db.pool)
-        .await
-        .unwrap()
-        .unwrap_or(i64::MIN)
-    };
     // Saves are made by claims, at most every few seconds.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while saved().await < passed {
+    while saved_walk_start(&db).await.unwrap_or(i64::MIN) < passed {
         assert!(Instant::now() < deadline, "the walk start was not saved");
         db.enqueue_committed(&[event("live", 0)]).await.unwrap();
         relay.run_once().await.unwrap();

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{event, fast_config, head_and_follower};
+use common::{event, fast_config, head_and_follower, saved_walk_start};
 use pgoutbox_core::testing::RecordingPublisher;
 use pgoutbox_core::{PublishError, Relay};
 use pgoutbox_postgres::testing::TestOutbox;
@@ -73,13 +73,7 @@ async fn saved_start(
 ) -> i64 {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let saved: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT from_seq FROM {}.outbox_events_walk_starts WHERE ordered",
-            db.tables.schema().quoted()
-        ))
-        .fetch_optional(&db.pool)
-        .await
-        .unwrap();
+        let saved = saved_walk_start(db).await;
         if let Some(saved) = saved.filter(|saved| *saved >= at_least) {
             return saved;
         }

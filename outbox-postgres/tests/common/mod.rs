@@ -161,3 +161,14 @@ pub fn first_publishes_in_order(published: &[Event]) -> HashMap<String, Vec<i64>
     }
     per_aggregate
 }
+
+/// The walk start saved for ordered relays (migration 9), if one is.
+pub async fn saved_walk_start(db: &TestOutbox) -> Option<i64> {
+    sqlx::query_scalar(&format!(
+        "SELECT from_seq FROM {}.outbox_events_walk_starts WHERE ordered",
+        db.tables.schema().quoted()
+    ))
+    .fetch_optional(&db.pool)
+    .await
+    .unwrap()
+}

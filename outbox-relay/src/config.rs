@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use pgoutbox_core::envelope::{self, Envelope};
@@ -293,45 +294,38 @@ pub(crate) struct ConsoleSettings {
     pub(crate) sample_interval: Duration,
 }
 
-/// `[broker]`: the kind, and a section per broker compiled in: each adapter's
-/// own settings type, the file's keys (the adapter lays its `OUTBOX_<BROKER>_*`
-/// variables over them).
+/// `[broker]`: the kind, and the `[broker.<kind>]` sections, each read by its
+/// broker's factory (`broker::BrokerInput`), which lays the adapter's
+/// `OUTBOX_<BROKER>_*` variables over it.
 ///
-/// Not `deny_unknown_fields`: a program built on the library adds brokers of its own
-/// (`App::broker`), whose `[broker.<kind>]` sections land in `custom`, as do the
-/// sections of built-in brokers not compiled in; `broker::check_sections` refuses
-/// every other key, so a misspelt one is still an error.
+/// `broker::Brokers::check_sections` refuses a section of a broker this binary does
+/// not know, so a misspelt one is still an error.
 #[derive(Debug, Deserialize)]
 #[serde(default)]
 pub(crate) struct BrokerSection {
     pub(crate) kind: String,
-    #[cfg(feature = "nats")]
-    pub(crate) nats: pgoutbox_nats::NatsSettings,
-    #[cfg(feature = "amqp")]
-    pub(crate) amqp: pgoutbox_amqp::AmqpSettings,
-    #[cfg(feature = "kafka")]
-    pub(crate) kafka: pgoutbox_kafka::KafkaSettings,
-    #[cfg(feature = "sqs")]
-    pub(crate) sqs: pgoutbox_sqs::SqsSettings,
     #[serde(flatten)]
-    pub(crate) custom: BTreeMap<String, toml::Value>,
+    pub(crate) sections: BTreeMap<String, toml::Value>,
+    /// The file's text, for errors in a section that name the line.
+    #[serde(skip)]
+    pub(crate) text: Option<Arc<ConfigText>>,
 }
 
 impl Default for BrokerSection {
     fn default() -> Self {
         Self {
             kind: "stdout".into(),
-            #[cfg(feature = "nats")]
-            nats: Default::default(),
-            #[cfg(feature = "amqp")]
-            amqp: Default::default(),
-            #[cfg(feature = "kafka")]
-            kafka: Default::default(),
-            #[cfg(feature = "sqs")]
-            sqs: Default::default(),
-            custom: BTreeMap::new(),
+            sections: BTreeMap::new(),
+            text: None,
         }
     }
+}
+
+/// A configuration file as read: its path (for messages) and text.
+#[derive(Debug)]
+pub(crate) struct ConfigText {
+    pub(crate) path: String,
+    pub(crate) text: String,
 }
 
 section! {
@@ -420,11 +414,10 @@ impl Settings {
 
 /// Read `path` (if any), apply the environment, validate.
 pub(crate) fn load(path: Option<&Path>) -> Result<Settings, Failure> {
-    let file = match path {
+    let mut file = match path {
         Some(path) => parse_file(path)?,
         None => FileConfig::default(),
     };
-    let mut file = file;
     apply_env(&mut file, |name| std::env::var(name).ok()).map_err(Failure::config)?;
     validate(file)
 }
@@ -432,29 +425,49 @@ pub(crate) fn load(path: Option<&Path>) -> Result<Settings, Failure> {
 fn parse_file(path: &Path) -> Result<FileConfig, Failure> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Failure::config(format!("cannot read config file {}: {e}", path.display())))?;
-    parse_str(&text).map_err(|e| Failure::config(format!("config file {}{e}", path.display())))
+    let mut file = parse_str(&text)
+        .map_err(|e| Failure::config(format!("config file {}{e}", path.display())))?;
+    file.broker.text = Some(Arc::new(ConfigText {
+        path: path.display().to_string(),
+        text,
+    }));
+    Ok(file)
 }
 
 /// Parse TOML text; the error is `, line N: message` (one line, for the prefix above).
 pub(crate) fn parse_str(text: &str) -> Result<FileConfig, String> {
-    toml::from_str(text).map_err(|e: toml::de::Error| {
-        let line = e
-            .span()
-            .map(|span| {
-                let start = span.start.min(text.len());
-                format!(
-                    ", line {}",
-                    text.as_bytes()[..start]
-                        .iter()
-                        .filter(|b| **b == b'\n')
-                        .count()
-                        + 1
-                )
-            })
-            .unwrap_or_default();
-        let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
-        format!("{line}: {message}")
-    })
+    toml::from_str(text).map_err(|e: toml::de::Error| toml_error(text, &e))
+}
+
+/// Settings from a file's text, as `load` reads them (tests of what reads the text).
+#[cfg(test)]
+pub(crate) fn from_text(text: &str) -> Result<Settings, String> {
+    let mut file = parse_str(text)?;
+    file.broker.text = Some(Arc::new(ConfigText {
+        path: "outbox.toml".into(),
+        text: text.into(),
+    }));
+    validate(file).map_err(|e| e.to_string())
+}
+
+/// A TOML error of `text` as `, line N: message`, on one line.
+pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let line = e
+        .span()
+        .map(|span| {
+            let start = span.start.min(text.len());
+            format!(
+                ", line {}",
+                text.as_bytes()[..start]
+                    .iter()
+                    .filter(|b| **b == b'\n')
+                    .count()
+                    + 1
+            )
+        })
+        .unwrap_or_default();
+    let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    format!("{line}: {message}")
 }
 
 /// Environment variables that override the file, and what they set.
@@ -962,24 +975,6 @@ mod tests {
             error.contains("http.stuck_after (30s) must be longer than relay.publish_timeout"),
             "{error}"
         );
-    }
-
-    #[cfg(all(feature = "kafka", feature = "nats"))]
-    #[test]
-    fn a_broker_section_is_the_adapters_settings_type() {
-        let file = parse_str(
-            "[broker.kafka]\ncreate_topics_with_partitions = 3\ndelivery_timeout = \"7s\"\n\
-             [broker.kafka.properties]\n\"linger.ms\" = \"5\"\n",
-        )
-        .unwrap();
-        let kafka = &file.broker.kafka;
-        assert_eq!(kafka.create_topics_with_partitions, Some(3));
-        assert_eq!(kafka.delivery_timeout, Some(Dur::secs(7)));
-        assert_eq!(kafka.properties["linger.ms"], "5");
-        let err = parse_str("[broker.nats]\nurll = \"nats://x\"\n").unwrap_err();
-        assert!(err.contains("urll") && err.contains("line 2"), "{err}");
-        let err = parse_str("[broker.nats]\ntimeout = \"soon\"\n").unwrap_err();
-        assert!(err.contains("soon"), "{err}");
     }
 
     #[test]

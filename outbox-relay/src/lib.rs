@@ -51,10 +51,10 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
-use crate::broker::CustomBrokers;
+use crate::broker::Brokers;
 use crate::failure::Failure;
 
-pub use crate::broker::{BoxError, BrokerFactory, BuildFuture};
+pub use crate::broker::{BoxError, BrokerError, BrokerFactory, BrokerInput, BuildFuture};
 /// The TOML types a [`BrokerFactory`] receives its section as.
 pub use toml;
 
@@ -125,7 +125,7 @@ enum Command {
 #[derive(Default)]
 #[must_use]
 pub struct App {
-    custom: CustomBrokers,
+    brokers: Brokers,
 }
 
 impl App {
@@ -136,7 +136,10 @@ impl App {
 
     /// Add a broker: `broker.kind = "<kind>"` (or `OUTBOX_BROKER=<kind>`) makes the
     /// relay publish with what `factory` builds from the `[broker.<kind>]` section.
-    /// `[routing]` rules are not applied to it (the factory routes as it likes).
+    /// The built-in brokers are registered the same way. A factory that is a
+    /// closure of the section gets no `[routing]` rules or `[envelope]` (the binary
+    /// warns when some are configured); one that implements [`BrokerFactory`]
+    /// reads them from its [`BrokerInput`].
     ///
     /// # Panics
     /// When `kind` is empty, the name of a built-in broker, or already added: a
@@ -144,11 +147,14 @@ impl App {
     pub fn broker(mut self, kind: &str, factory: impl BrokerFactory + 'static) -> Self {
         assert!(!kind.trim().is_empty(), "a broker kind must not be empty");
         assert!(
-            !broker::is_built_in(kind),
+            !Brokers::default().is_known(kind),
             "broker kind `{kind}` is built in; choose another name"
         );
-        let previous = self.custom.insert(kind.to_string(), Arc::new(factory));
-        assert!(previous.is_none(), "broker kind `{kind}` was added twice");
+        assert!(
+            !self.brokers.is_known(kind),
+            "broker kind `{kind}` was added twice"
+        );
+        self.brokers.add(kind, Arc::new(factory));
         self
     }
 
@@ -156,7 +162,7 @@ impl App {
     /// (failures are printed as one line on standard error: `outbox: <message>`).
     pub fn main(self) -> ExitCode {
         let cli = Cli::parse();
-        match run(cli, &self.custom) {
+        match run(cli, &self.brokers) {
             Ok(()) => ExitCode::SUCCESS,
             Err(failure) => {
                 eprintln!("outbox: {failure}");
@@ -166,7 +172,7 @@ impl App {
     }
 }
 
-fn run(cli: Cli, custom: &CustomBrokers) -> Result<(), Failure> {
+fn run(cli: Cli, brokers: &Brokers) -> Result<(), Failure> {
     let default_level = match cli.command {
         Command::Relay => "info",
         _ => "warn",
@@ -179,10 +185,10 @@ fn run(cli: Cli, custom: &CustomBrokers) -> Result<(), Failure> {
         ));
     }
     let selector = cli.outbox.as_deref();
-    broker::check_sections(&settings, custom)?;
+    brokers.check_sections(&settings)?;
     // Broker settings are read (and validated) before the runtime starts: a bad one is a config error.
     let broker = match cli.command {
-        Command::Relay | Command::Check => Some(broker::Spec::read(&settings, custom)?),
+        Command::Relay | Command::Check => Some(broker::Spec::read(&settings, brokers)?),
         _ => None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

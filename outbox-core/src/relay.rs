@@ -9,12 +9,12 @@
 //! (module `broker_health`).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::broker_health::{BrokerHealth, BrokerStatus, Change};
@@ -339,11 +339,11 @@ impl<S: Store, P: Publisher> Relay<S, P> {
         telemetry::describe();
         metrics::gauge!(telemetry::BROKER_UP, "outbox" => self.outbox.clone())
             .set(if self.broker.is_up() { 1.0 } else { 0.0 });
-        let stop = Stop::default();
+        let stop = Stop::new();
         let watch = async {
             shutdown.await;
             tracing::info!("outbox relay: shutdown requested; finishing batches in flight");
-            stop.trigger();
+            stop.cancel();
         };
         let loops = self.config.workers.max(1);
         self.liveness.started(loops, Instant::now());
@@ -367,7 +367,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     }
 
     async fn work(&self, worker: usize, stop: &Stop) {
-        while !stop.is_triggered() {
+        while !stop.is_cancelled() {
             self.cycle(stop).await;
             self.liveness.finished_cycle(worker, Instant::now());
         }
@@ -378,8 +378,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     /// is a wait (at most `poll_interval`) for the probe to pass.
     async fn cycle(&self, stop: &Stop) {
         if self.broker.is_down() {
-            stop.or(self.broker.wait_claimable(self.config.poll_interval))
-                .await;
+            unless_stopped(stop, self.broker.wait_claimable(self.config.poll_interval)).await;
             return;
         }
         match self.run_once().await {
@@ -388,12 +387,11 @@ impl<S: Store, P: Publisher> Relay<S, P> {
             Ok(_) => {
                 // The probe passed and there is nothing to publish: the outage is over.
                 self.tell(self.broker.settled(Instant::now()));
-                stop.or(self.store.wait_for_events(self.config.poll_interval))
-                    .await;
+                unless_stopped(stop, self.store.wait_for_events(self.config.poll_interval)).await;
             }
             Err(error) => {
                 tracing::error!(%error, "outbox relay: store error; retrying");
-                stop.or(tokio::time::sleep(self.config.error_backoff)).await;
+                unless_stopped(stop, tokio::time::sleep(self.config.error_backoff)).await;
             }
         }
     }
@@ -403,10 +401,9 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     async fn probe_broker(&self, stop: &Stop) {
         let mut outage = None;
         let mut probes = 0u32;
-        while !stop.is_triggered() {
+        while !stop.is_cancelled() {
             let mut since = None;
-            stop.or(async { since = Some(self.broker.wait_down().await) })
-                .await;
+            unless_stopped(stop, async { since = Some(self.broker.wait_down().await) }).await;
             let Some(since) = since else { break };
             if outage != Some(since) {
                 outage = Some(since);
@@ -418,8 +415,8 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 self.config.broker_probe_max,
                 probes,
             );
-            stop.or(tokio::time::sleep(pause)).await;
-            if stop.is_triggered() {
+            unless_stopped(stop, tokio::time::sleep(pause)).await;
+            if stop.is_cancelled() {
                 break;
             }
             let limit = self.config.publish_timeout;
@@ -466,7 +463,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
     }
 
     async fn refresh_pending(&self, stop: &Stop) {
-        while !stop.is_triggered() {
+        while !stop.is_cancelled() {
             match self.store.pending().await {
                 Ok(n) => {
                     metrics::gauge!(telemetry::EVENTS_PENDING, "outbox" => self.outbox.clone())
@@ -474,8 +471,7 @@ impl<S: Store, P: Publisher> Relay<S, P> {
                 }
                 Err(error) => tracing::warn!(%error, "outbox relay: cannot count pending events"),
             }
-            stop.or(tokio::time::sleep(self.config.pending_refresh))
-                .await;
+            unless_stopped(stop, tokio::time::sleep(self.config.pending_refresh)).await;
         }
     }
 
@@ -869,36 +865,11 @@ impl<S: Store, P: Publisher> Relay<S, P> {
 }
 
 /// Shutdown signal shared by the relay's loops.
-#[derive(Default)]
-struct Stop {
-    triggered: AtomicBool,
-    notify: Notify,
-}
+type Stop = CancellationToken;
 
-impl Stop {
-    fn trigger(&self) {
-        self.triggered.store(true, Ordering::SeqCst);
-        self.notify.notify_waiters();
-    }
-
-    fn is_triggered(&self) -> bool {
-        self.triggered.load(Ordering::SeqCst)
-    }
-
-    /// Wait for `fut`, or less if shutdown is triggered meanwhile.
-    async fn or(&self, fut: impl Future<Output = ()>) {
-        let notified = self.notify.notified();
-        tokio::pin!(notified);
-        // Register before checking the flag so a trigger in between is not missed.
-        notified.as_mut().enable();
-        if self.is_triggered() {
-            return;
-        }
-        tokio::select! {
-            () = notified => {}
-            () = fut => {}
-        }
-    }
+/// Wait for `fut`, or less if shutdown is triggered meanwhile.
+async fn unless_stopped(stop: &Stop, fut: impl Future<Output = ()>) {
+    stop.run_until_cancelled(fut).await;
 }
 
 /// The events of `events` at `indices`, in that order.

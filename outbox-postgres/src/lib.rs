@@ -54,6 +54,9 @@ pub use sql::AfterDeadLetter;
 /// version to be passed to [`Outbox::enqueue`]; use this one or depend on `sqlx = "0.8"`.
 pub use sqlx;
 pub use stats::Horizon;
-pub use store::{ClaimSql, PgClaim, PgStore, Retention, StoreConfig};
+#[cfg(feature = "unstable-internals")]
+#[cfg_attr(docsrs, doc(cfg(feature = "unstable-internals")))]
+pub use store::ClaimSql;
+pub use store::{PgClaim, PgStore, Retention, StoreConfig};
 pub use tables::Tables;
 pub use wakeup::{install_notify_trigger, remove_notify_trigger, Wakeup};

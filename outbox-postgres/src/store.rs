@@ -228,7 +228,7 @@ impl PgStore {
 
     /// The statements of this configuration's claim and record, for benchmarks that
     /// measure the same SQL work without the relay. Not a stable API.
-    #[doc(hidden)]
+    #[cfg(feature = "unstable-internals")]
     pub fn claim_and_record_sql(&self) -> ClaimSql<'_> {
         let sql = self.sql();
         let record = match self.config.retention {
@@ -400,7 +400,7 @@ impl PgStore {
     /// The ordered claim's statements, run in the caller's transaction on `conn`
     /// (opened with [`ClaimSql::begin`]), for benchmarks that measure the same SQL
     /// work without the relay. Not a stable API.
-    #[doc(hidden)]
+    #[cfg(feature = "unstable-internals")]
     pub async fn claim_ordered_on(
         &self,
         conn: &mut PgConnection,
@@ -690,15 +690,14 @@ impl PgStore {
 
     /// This relay's share of a backlog for its next ordered claim, as (index,
     /// count); none while claims are not full or it is the only relay
-    /// (`shares.rs`). For tests and benchmarks; not a stable API.
-    #[doc(hidden)]
+    /// (`shares.rs`): what the `outbox` binary's console shows.
     pub fn share(&self) -> Option<(i32, i32)> {
         self.shares.current().map(|s| (s.index, s.count))
     }
 
     /// The `seq` ordered claims start walking the pending index at: below it, every
     /// event is published or dead-lettered. For tests and benchmarks; not a stable API.
-    #[doc(hidden)]
+    #[cfg(feature = "unstable-internals")]
     pub fn walk_start(&self) -> i64 {
         self.walk_start.from()
     }
@@ -1009,7 +1008,7 @@ impl RunRow {
 
 /// The SQL of a claim and its record, for benchmarks (see
 /// [`PgStore::claim_and_record_sql`]). Not a stable API.
-#[doc(hidden)]
+#[cfg(feature = "unstable-internals")]
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimSql<'a> {
     /// Opens the claim transaction (simple protocol).

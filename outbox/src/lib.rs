@@ -1,7 +1,30 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub use pgoutbox_core::*;
+// The core's API by name (not `*`): its helpers for writing adapters (the
+// settings and routing macros) stay in `pgoutbox-core`.
+pub use pgoutbox_core::{
+    admin, envelope, event, layer, local, publisher, relay, retry, routing, settings, store,
+    telemetry, uuid,
+};
+pub use pgoutbox_core::{
+    read_secret_file, redact_url, BatchReport, BrokerHealth, BrokerStatus, ChannelPublisher,
+    Claim, DeadLetter, DeadLetterAdmin, DeadLetterFilter, Decision, DecodeError, DynPublisher,
+    Event, EventError, FailureKind, Headers, Liveness, NewEvent, NullPublisher, Outcome,
+    OutboxStats, PublishError, Publisher, Relay, RelayConfig, RelayStats, RelayStatsSnapshot,
+    RetentionAdmin, RetryPolicy, Routing, RunOrder, RunOutcome, SecretFileError, StatsAdmin,
+    StdoutPublisher, Store, StoreError, TypedEvent, TRACEPARENT,
+};
+
+/// In-memory store and recording publisher for tests.
+#[cfg(feature = "test-utils")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
+pub use pgoutbox_core::testing;
+
+/// OpenTelemetry trace context from producer through relay to consumer.
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub use pgoutbox_core::trace_context;
 
 /// PostgreSQL storage: enqueue, relay store, dead letters, cleanup, inbox.
 #[cfg(feature = "postgres")]

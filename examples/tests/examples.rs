@@ -20,11 +20,9 @@ fn database_url_with_password() -> String {
     database_url().replacen("://postgres@", &format!("://postgres:{SENTINEL}@"), 1)
 }
 
-/// What a test script exported; a missing one fails the test with how to get it.
+/// What a test script exported.
 fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run the tests with scripts/test.sh, which exports it")
-    })
+    pgoutbox_core::testing::exported(name, "scripts/test.sh, moto.sh or tansu.sh")
 }
 
 fn run(bin: &str, args: &[&str], vars: &[(&str, String)]) -> Output {

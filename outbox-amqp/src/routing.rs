@@ -127,7 +127,7 @@ pub fn validate_exchange(name: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use pgoutbox_core::conformance::event;
+    use pgoutbox_core::conformance::claimed_event;
 
     use super::*;
 
@@ -138,18 +138,18 @@ mod tests {
             .aggregate_type("order", "orders", "all");
         let route = |e: &Event| r.route(e).map(|r| (r.exchange, r.routing_key));
         assert_eq!(
-            route(&event("order", "1", "order.paid", 1)),
+            route(&claimed_event("order", "1", "order.paid", 1)),
             Ok(("billing".into(), "paid".into()))
         );
         assert_eq!(
-            route(&event("order", "1", "order.created", 1)),
+            route(&claimed_event("order", "1", "order.created", 1)),
             Ok(("orders".into(), "all".into()))
         );
         assert_eq!(
-            route(&event("user", "1", "user.created", 1)),
+            route(&claimed_event("user", "1", "user.created", 1)),
             Ok(("app".into(), "user.created".into()))
         );
-        let mut e = event("order", "1", "order.paid", 1);
+        let mut e = claimed_event("order", "1", "order.paid", 1);
         e.destination = Some("special".into());
         assert_eq!(route(&e), Ok(("app".into(), "special".into())));
     }
@@ -158,7 +158,7 @@ mod tests {
     fn invalid_names_are_refused() {
         assert!(AmqpRouting::new("bad exchange").validate().is_err());
         assert!(AmqpRouting::new("ok")
-            .route(&event("o", "1", &"x".repeat(300), 1))
+            .route(&claimed_event("o", "1", &"x".repeat(300), 1))
             .is_err());
         assert!(AmqpRouting::new("").validate().is_ok());
     }

@@ -15,7 +15,7 @@ async fn a_wrong_password_is_an_outage_not_a_message_failure() {
         .config(&url)
         .build()
         .expect("built; it connects on use");
-    let events = vec![pgoutbox_core::conformance::event(
+    let events = vec![pgoutbox_core::conformance::claimed_event(
         "order",
         "o-1",
         "order.created",

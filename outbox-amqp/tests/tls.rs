@@ -7,14 +7,12 @@ use std::time::Duration;
 
 use common::AmqpTarget;
 use pgoutbox_amqp::AmqpConfig;
-use pgoutbox_core::conformance::event;
+use pgoutbox_core::conformance::claimed_event;
 use pgoutbox_core::{Outcome, Publisher};
 
-/// What the test scripts exported; a missing one fails the test with how to get it.
+/// What a test script exported.
 fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run the tests with scripts/test.sh, which sources scripts/rabbitmq-tls.sh")
-    })
+    pgoutbox_core::testing::exported(name, "scripts/rabbitmq-tls.sh")
 }
 
 /// With the test CA, a publisher reaches the broker over TLS, the password read from
@@ -40,7 +38,7 @@ async fn a_publisher_over_tls_with_a_password_file_delivers() {
         .expect("valid settings")
         .routing(target.config("unused").routing);
     let publisher = config.connect().await.expect("connect over TLS");
-    let sent = event("conformance_order", "o-1", "conformance.created", 1);
+    let sent = claimed_event("conformance_order", "o-1", "conformance.created", 1);
     let outcomes = publisher.publish(std::slice::from_ref(&sent)).await;
     assert!(
         matches!(outcomes.as_slice(), [Outcome::Published]),

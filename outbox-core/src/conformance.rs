@@ -32,7 +32,7 @@
 //! ```
 //!
 //! Rules the suite relies on:
-//! - it only creates events with [`event`]: aggregate types start with `conformance_`,
+//! - it only creates events with [`claimed_event`]: aggregate types start with `conformance_`,
 //!   event types with `conformance.` (valid in NATS subjects, AMQP routing keys, Kafka
 //!   topic and SQS names once the adapter maps them), `destination` is `None` except in
 //!   what [`ConformanceTarget::refused`] returns;
@@ -138,7 +138,7 @@ pub trait ConformanceTarget: Send + Sync {
     /// The publisher under test.
     type Publisher: Publisher;
 
-    /// A publisher connected to the broker, routing every event made by [`event`]
+    /// A publisher connected to the broker, routing every event made by [`claimed_event`]
     /// to where [`ConformanceTarget::receive`] reads.
     fn publisher(&self) -> impl Future<Output = Result<Self::Publisher, BoxError>> + Send;
 
@@ -182,7 +182,12 @@ pub trait OutageTarget: ConformanceTarget {
 
 /// A test event as the relay would claim it: fresh id, `created_at` now, no attempts,
 /// the given headers, a small JSON payload naming the aggregate and a sequence number.
-pub fn event(aggregate_type: &str, aggregate_id: &str, event_type: &str, seq: i64) -> Event {
+pub fn claimed_event(
+    aggregate_type: &str,
+    aggregate_id: &str,
+    event_type: &str,
+    seq: i64,
+) -> Event {
     let payload = serde_json::json!({
         "aggregate": aggregate_id,
         "seq": seq,
@@ -339,7 +344,7 @@ pub async fn typed_payload_round_trip<T: ConformanceTarget>(target: &T) {
         .map(|(i, value)| {
             let new = NewEvent::typed("conformance_account", "a-1", value)
                 .unwrap_or_else(|e| panic!("cannot serialise a test value: {e}"));
-            let mut e = event("conformance_account", "a-1", &new.event_type, i as i64);
+            let mut e = claimed_event("conformance_account", "a-1", &new.event_type, i as i64);
             e.id = new.id;
             e.payload = RawValue::from_string(new.payload)
                 .unwrap_or_else(|e| panic!("serde_json wrote invalid JSON: {e}"));
@@ -385,7 +390,7 @@ pub async fn publish_and_read_back<T: ConformanceTarget>(target: &T) {
     let publisher = build(target.publisher(), "publisher").await;
     let events: Vec<Event> = (0..24)
         .map(|i| {
-            let e = event(
+            let e = claimed_event(
                 "conformance_order",
                 &format!("o-{}", i % 4),
                 "conformance.created",
@@ -412,7 +417,7 @@ pub async fn publish_and_read_back<T: ConformanceTarget>(target: &T) {
 /// `created_at`, the payload byte for byte and the user headers including `traceparent`.
 pub async fn message_envelope<T: ConformanceTarget>(target: &T) {
     let publisher = build(target.publisher(), "publisher").await;
-    let mut a = event(
+    let mut a = claimed_event(
         "conformance_customer",
         "c-1",
         "conformance.customer.renamed",
@@ -427,11 +432,11 @@ pub async fn message_envelope<T: ConformanceTarget>(target: &T) {
         "nested": {"list": [1, 2.5, null, true], "empty": {}},
     }));
     // Same aggregate id under another aggregate type: both fields must travel.
-    let mut b = event("conformance_invoice", "c-1", "conformance.invoice.paid", 2);
+    let mut b = claimed_event("conformance_invoice", "c-1", "conformance.invoice.paid", 2);
     b.headers
         .insert(TRACEPARENT.into(), TRACE.replace("01", "00"));
     // A payload that is not an object, and no user header but traceparent.
-    let mut c = event(
+    let mut c = claimed_event(
         "conformance_invoice",
         "i/2 with space",
         "conformance.invoice.voided",
@@ -495,7 +500,7 @@ pub async fn per_aggregate_order<T: ConformanceTarget>(target: &T) {
     let events: Vec<Event> = (0..60)
         .map(|i| {
             let agg = aggregates[i % aggregates.len()];
-            event(
+            claimed_event(
                 "conformance_account",
                 agg,
                 "conformance.account.changed",
@@ -530,7 +535,7 @@ pub async fn per_aggregate_order<T: ConformanceTarget>(target: &T) {
 pub async fn republish_is_published<T: ConformanceTarget>(target: &T) {
     let publisher = build(target.publisher(), "publisher").await;
     let events = vec![traced(
-        event("conformance_order", "dup", "conformance.created", 1),
+        claimed_event("conformance_order", "dup", "conformance.created", 1),
         0,
     )];
     let first = publish(&publisher, &events).await;
@@ -551,7 +556,7 @@ pub async fn refused_message_fails_alone<T: ConformanceTarget>(target: &T) {
     let mut events: Vec<Event> = (0..5)
         .map(|i| {
             traced(
-                event(
+                claimed_event(
                     "conformance_order",
                     &format!("r-{i}"),
                     "conformance.created",
@@ -613,13 +618,13 @@ pub async fn failed_event_holds_back_its_run<T: ConformanceTarget>(target: &T) {
     for refused_by_broker in [false, true] {
         let store = MemoryStore::new();
         let mut run: Vec<Event> = (0..6)
-            .map(|i| event("conformance_order", "run", "conformance.created", i))
+            .map(|i| claimed_event("conformance_order", "run", "conformance.created", i))
             .collect();
         if refused_by_broker {
             run[2] = target.refused(run[2].clone());
         }
         let other: Vec<Event> = (0..3)
-            .map(|i| event("conformance_order", "other", "conformance.created", i))
+            .map(|i| claimed_event("conformance_order", "other", "conformance.created", i))
             .collect();
         for e in run.iter().chain(&other) {
             if let Err(error) = store.enqueue(to_new(e)) {
@@ -716,12 +721,12 @@ fn hot_run_relay<P: Publisher>(
 
     let store = MemoryStore::new();
     let run: Vec<Event> = (0..HOT_RUN as i64)
-        .map(|i| event("conformance_order", "hot", "conformance.created", i))
+        .map(|i| claimed_event("conformance_order", "hot", "conformance.created", i))
         .collect();
     let others: Vec<Event> = (0..6)
         .map(|i| {
             let aggregate = format!("cold-{}", i % 3);
-            event("conformance_order", &aggregate, "conformance.created", i)
+            claimed_event("conformance_order", &aggregate, "conformance.created", i)
         })
         .collect();
     // The hot run first, so that one claim holds it whole.
@@ -1037,7 +1042,7 @@ async fn receive_none_of<T: ConformanceTarget>(
 pub async fn unreachable_broker_is_unavailable<T: ConformanceTarget>(target: &T) {
     let publisher = build(target.unreachable_publisher(), "unreachable publisher").await;
     let events: Vec<Event> = (0..3)
-        .map(|i| event("conformance_order", "down", "conformance.created", i))
+        .map(|i| claimed_event("conformance_order", "down", "conformance.created", i))
         .collect();
     let started = Instant::now();
     let outcomes = tokio::time::timeout(UNREACHABLE_DEADLINE, publisher.publish(&events))

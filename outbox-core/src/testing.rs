@@ -465,6 +465,19 @@ pub fn resolve_url(url: &str) -> std::net::SocketAddr {
         .unwrap_or_else(|| panic!("cannot resolve the address of {url}"))
 }
 
+/// `prefix` and a fresh UUID: a name (topic, queue, stream) no other test uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", Uuid::new_v4().simple())
+}
+
+/// A variable a test script exports (a CA's path, a broker's address); a missing
+/// one fails the test with how to get it (`script` sets it; scripts/test.sh runs it).
+pub fn exported(name: &str, script: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with scripts/test.sh ({script} sets it)")
+    })
+}
+
 /// The event most tests write: `order.created` on the `order` aggregate
 /// `aggregate`, with the payload `{"n": n}`.
 pub fn event(aggregate: &str, n: usize) -> NewEvent {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::{
     consumer, create_topic, group_consumer, key, read, tansu_bootstrap, unique, MockKafka,
 };
-use pgoutbox_core::conformance::event;
+use pgoutbox_core::conformance::claimed_event;
 use pgoutbox_core::testing::{event_ids, interleaved_events};
 use pgoutbox_core::{Event, FailureKind, NewEvent, Outcome, Publisher, Relay, Store};
 use pgoutbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
@@ -27,7 +27,7 @@ async fn events_of_one_aggregate_share_a_partition_in_order() {
         .build()
         .unwrap();
     let events: Vec<Event> = (0..60)
-        .map(|i| event("order", &format!("agg-{}", i % 5), "order.changed", i))
+        .map(|i| claimed_event("order", &format!("agg-{}", i % 5), "order.changed", i))
         .collect();
     let outcomes = publisher.publish(&events).await;
     assert_eq!(outcomes, vec![Outcome::Published; events.len()]);
@@ -78,7 +78,7 @@ async fn headers_carry_the_envelope() {
         .route_aggregate_type("invoice", &topic)
         .build()
         .unwrap();
-    let mut e = event("invoice", "inv-7", "invoice.paid", 1);
+    let mut e = claimed_event("invoice", "inv-7", "invoice.paid", 1);
     e.headers.insert(
         "traceparent".into(),
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
@@ -130,11 +130,11 @@ async fn unknown_and_invalid_topics_fail_permanently() {
         .set("topic.metadata.propagation.max.ms", "1000")
         .build()
         .unwrap();
-    let mut unknown = event("order", "1", "order.created", 1);
+    let mut unknown = claimed_event("order", "1", "order.created", 1);
     unknown.destination = Some(unique("missing"));
-    let mut invalid = event("order", "2", "order.created", 2);
+    let mut invalid = claimed_event("order", "2", "order.created", 2);
     invalid.destination = Some("not a topic!".into());
-    let good = event("order", "3", "order.created", 3);
+    let good = claimed_event("order", "3", "order.created", 3);
     let started = Instant::now();
     let outcomes = publisher.publish(&[unknown, invalid, good]).await;
     assert!(

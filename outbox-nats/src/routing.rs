@@ -95,7 +95,7 @@ pub fn validate_subject(subject: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use pgoutbox_core::conformance::event;
+    use pgoutbox_core::conformance::claimed_event;
 
     use super::*;
 
@@ -105,19 +105,21 @@ mod tests {
             .event_type("order.paid", "billing.paid")
             .aggregate_type("order", "orders");
         assert_eq!(
-            r.subject(&event("order", "1", "order.paid", 1)).as_deref(),
+            r.subject(&claimed_event("order", "1", "order.paid", 1))
+                .as_deref(),
             Ok("billing.paid")
         );
         assert_eq!(
-            r.subject(&event("order", "1", "order.created", 1))
+            r.subject(&claimed_event("order", "1", "order.created", 1))
                 .as_deref(),
             Ok("orders")
         );
         assert_eq!(
-            r.subject(&event("user", "1", "user.created", 1)).as_deref(),
+            r.subject(&claimed_event("user", "1", "user.created", 1))
+                .as_deref(),
             Ok("app.user.created")
         );
-        let mut e = event("order", "1", "order.paid", 1);
+        let mut e = claimed_event("order", "1", "order.paid", 1);
         e.destination = Some("special.subject".into());
         assert_eq!(r.subject(&e).as_deref(), Ok("special.subject"));
     }
@@ -125,11 +127,13 @@ mod tests {
     #[test]
     fn invalid_subjects_are_refused() {
         let r = SubjectRouting::new("app");
-        assert!(r.subject(&event("order", "1", "order created", 1)).is_err());
         assert!(r
-            .subject(&event("order", "1", "order..created", 1))
+            .subject(&claimed_event("order", "1", "order created", 1))
             .is_err());
-        assert!(r.subject(&event("order", "1", ">", 1)).is_err());
+        assert!(r
+            .subject(&claimed_event("order", "1", "order..created", 1))
+            .is_err());
+        assert!(r.subject(&claimed_event("order", "1", ">", 1)).is_err());
         assert!(SubjectRouting::new("a.").validate().is_err());
         assert!(SubjectRouting::new("a")
             .event_type("x", "b.*")

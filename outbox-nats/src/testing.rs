@@ -1,5 +1,6 @@
 //! A nats-server of a test's own with a TLS listener (feature `test-utils`), for
-//! TLS tests of this crate and of crates built on it (the `outbox` binary's).
+//! TLS tests of this crate and of crates built on it (the `outbox` binary's), and
+//! the address of the NATS server the tests run against.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -119,4 +120,10 @@ fn nats_server() -> PathBuf {
     .map(PathBuf::from)
     .find(|p| p.is_file())
     .expect("nats-server is installed (Debian package nats-server)")
+}
+
+/// The NATS server (with JetStream) the tests run against: `OUTBOX_NATS_URL`, as
+/// scripts/test.sh exports it and the `outbox` binary reads it, or the local one.
+pub fn nats_url() -> String {
+    std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| crate::DEFAULT_URL.into())
 }

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::NatsTarget;
-use pgoutbox_core::conformance::event;
+use pgoutbox_core::conformance::claimed_event;
 use pgoutbox_core::{Outcome, Publisher};
 use pgoutbox_nats::async_nats::connection::State;
 
@@ -29,7 +29,7 @@ async fn a_cut_connection_fails_the_batch_before_the_ack_timeout() {
         .expect("connect through the proxy");
     // Connected and published once: the cut below drops a live connection.
     let warm = publisher
-        .publish(&[event("order", "0", "order.created", 0)])
+        .publish(&[claimed_event("order", "0", "order.created", 0)])
         .await;
     assert!(matches!(warm[..], [Outcome::Published]), "{warm:?}");
 
@@ -42,7 +42,7 @@ async fn a_cut_connection_fails_the_batch_before_the_ack_timeout() {
     // The client buffers what is sent while it has no connection; the PubAcks of
     // these messages cannot come.
     let events: Vec<_> = (1..=20)
-        .map(|i| event("order", &i.to_string(), "order.created", i))
+        .map(|i| claimed_event("order", &i.to_string(), "order.created", i))
         .collect();
     let started = Instant::now();
     let outcomes = publisher.publish(&events).await;

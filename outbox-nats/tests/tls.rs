@@ -6,17 +6,15 @@
 use std::path::Path;
 use std::time::Duration;
 
-use pgoutbox_core::conformance::event;
+use pgoutbox_core::conformance::claimed_event;
 use pgoutbox_core::{Outcome, Publisher};
 use pgoutbox_nats::async_nats::jetstream::stream::StorageType;
 use pgoutbox_nats::testing::{TlsNatsServer, PASSWORD, USER};
 use pgoutbox_nats::{NatsConfig, SubjectRouting};
 
-/// What scripts/test-ca.sh exported; a missing one fails the test with how to get it.
+/// What a test script exported.
 fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run the tests with scripts/test.sh, which sources scripts/test-ca.sh")
-    })
+    pgoutbox_core::testing::exported(name, "scripts/test-ca.sh")
 }
 
 /// A TLS nats-server with the test CA's server certificate.
@@ -48,7 +46,7 @@ async fn connects_and_publishes(config: NatsConfig, prefix: &str, how: &str) {
         .ensure_stream(stream)
         .await
         .expect("create stream over TLS");
-    let event = event("conformance_order", "o-1", "conformance.created", 1);
+    let event = claimed_event("conformance_order", "o-1", "conformance.created", 1);
     let outcomes = publisher.publish(std::slice::from_ref(&event)).await;
     assert!(
         matches!(outcomes.as_slice(), [Outcome::Published]),

@@ -256,7 +256,7 @@ async fn refused_event_is_a_dead_letter_alone<T: ConformanceTarget, S: Store>(
     let new = |aggregate: &str, n: i64| order_changed(aggregate, serde_json::json!({ "n": n }));
     // The refused event as the target makes it, back into a `NewEvent`.
     let refused = {
-        let event = target.refused(pgoutbox_core::conformance::event(
+        let event = target.refused(pgoutbox_core::conformance::claimed_event(
             "conformance_order",
             "poison",
             "conformance.order.changed",

@@ -1207,12 +1207,12 @@ impl Claim for PgClaim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pgoutbox_core::conformance::event;
+    use pgoutbox_core::conformance::claimed_event;
 
     fn kept(aggregate: &str, seq: i64, clean: bool, skipped_before: bool) -> KeptRow {
         KeptRow {
             row: RunRow {
-                event: event("order", aggregate, "order.updated", seq),
+                event: claimed_event("order", aggregate, "order.updated", seq),
                 waits_until: None,
                 dead: false,
             },

@@ -8,11 +8,9 @@ use pgoutbox_postgres::testing::TestOutbox;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-/// What scripts/pg-tls.sh exported; a missing one fails the test with how to get it.
+/// What a test script exported.
 fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run the tests with scripts/test.sh, which sources scripts/pg-tls.sh")
-    })
+    pgoutbox_core::testing::exported(name, "scripts/pg-tls.sh")
 }
 
 /// The TLS role's options with `params` appended to its URL, password from its file.

@@ -557,9 +557,7 @@ async fn migrate_prints_sql_for_a_migration_tool_and_creates_the_inbox_alone() {
 
 /// What scripts/pg-tls.sh exported; a missing one fails the test with how to get it.
 fn tls_env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run the tests with scripts/test.sh, which sources scripts/pg-tls.sh")
-    })
+    pgoutbox_core::testing::exported(name, "scripts/pg-tls.sh")
 }
 
 /// The binary reaches PostgreSQL over TLS (`sslmode=verify-full` with a CA file in
@@ -710,8 +708,7 @@ async fn relay_publishes_to_nats_jetstream() {
     assert!(status.success());
     assert_eq!(dead_count(&outbox).await, 0);
 
-    let url =
-        std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| pgoutbox_nats::DEFAULT_URL.into());
+    let url = pgoutbox_nats::testing::nats_url();
     let client = async_nats::connect(url.as_str()).await.unwrap();
     let jetstream = async_nats::jetstream::new(client);
     let mut handle = jetstream.get_stream(&stream).await.unwrap();

@@ -26,12 +26,10 @@ use uuid::Uuid;
 const AGGREGATES: usize = 6;
 const PER_AGGREGATE: usize = 10;
 
-/// What a test script exported; a missing one fails the test with how to get it.
+/// What a test script exported.
 #[allow(dead_code)] // not every broker feature is compiled in every build
 fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run the tests with scripts/test.sh, which exports it")
-    })
+    pgoutbox_core::testing::exported(name, "scripts/moto.sh or scripts/tansu.sh")
 }
 
 /// `AGGREGATES x PER_AGGREGATE` events committed in one transaction, interleaved

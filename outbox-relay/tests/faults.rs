@@ -37,9 +37,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 const OUTAGE_LOGGED: &str = "broker unavailable; claiming paused";
 const RECOVERY_LOGGED: &str = "broker available again; claiming resumed";
 
-fn nats_url() -> String {
-    std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| pgoutbox_nats::DEFAULT_URL.into())
-}
+use pgoutbox_nats::testing::nats_url;
 
 fn nats_addr() -> SocketAddr {
     resolve_url(&nats_url())

@@ -134,7 +134,7 @@ async fn a_go_service_writes_with_the_seed_statements_and_its_consumer_sees_each
     let (status, _) = relay.terminate(Duration::from_secs(25));
     assert!(status.success());
 
-    let url = std::env::var("OUTBOX_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let url = pgoutbox_nats::testing::nats_url();
     let consume = |durable: &str| {
         run_go(
             &program,

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{new_queue, read, unique};
-use pgoutbox_core::conformance::event;
+use pgoutbox_core::conformance::claimed_event;
 use pgoutbox_core::testing::{event_ids, interleaved_events};
 use pgoutbox_core::{Event, FailureKind, NewEvent, Outcome, Publisher, Relay, Store};
 use pgoutbox_postgres::testing::{broker_relay_config, TestOutbox};
@@ -22,7 +22,7 @@ fn ids(messages: &[Message]) -> Vec<Uuid> {
 #[tokio::test(flavor = "multi_thread")]
 async fn fifo_sets_group_and_dedup_and_drops_a_resend() {
     let (publisher, url) = new_queue("fifo", true).await;
-    let e = event("order", "order-42", "order.created", 1);
+    let e = claimed_event("order", "order-42", "order.created", 1);
     assert_eq!(
         publisher.publish(std::slice::from_ref(&e)).await,
         vec![Outcome::Published]
@@ -63,7 +63,7 @@ async fn many_events_go_out_in_batches_of_ten() {
     // By URL this time; 25 events: 3 calls.
     let publisher = common::config(&url).build().await.unwrap();
     let events: Vec<Event> = (0..25)
-        .map(|i| event("order", &format!("o-{}", i % 7), "order.created", i))
+        .map(|i| claimed_event("order", &format!("o-{}", i % 7), "order.created", i))
         .collect();
     assert_eq!(
         publisher.publish(&events).await,
@@ -79,7 +79,7 @@ async fn many_events_go_out_in_batches_of_ten() {
 #[tokio::test(flavor = "multi_thread")]
 async fn many_headers_are_packed_and_read_back() {
     let (publisher, url) = new_queue("headers", false).await;
-    let mut e = event("order", "1", "order.created", 1);
+    let mut e = claimed_event("order", "1", "order.created", 1);
     e.headers.insert(
         "traceparent".into(),
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
@@ -106,17 +106,17 @@ async fn many_headers_are_packed_and_read_back() {
 #[tokio::test(flavor = "multi_thread")]
 async fn missing_and_invalid_queues_fail_permanently() {
     let (publisher, _) = new_queue("good", false).await;
-    let mut missing_name = event("order", "1", "order.created", 1);
+    let mut missing_name = claimed_event("order", "1", "order.created", 1);
     missing_name.destination = Some(unique("missing", false));
-    let mut missing_url = event("order", "2", "order.created", 2);
+    let mut missing_url = claimed_event("order", "2", "order.created", 2);
     missing_url.destination = Some(format!(
         "{}/123456789012/{}",
         common::endpoint(),
         unique("nope", false)
     ));
-    let mut invalid = event("order", "3", "order.created", 3);
+    let mut invalid = claimed_event("order", "3", "order.created", 3);
     invalid.destination = Some("not a queue!".into());
-    let good = event("order", "4", "order.created", 4);
+    let good = claimed_event("order", "4", "order.created", 4);
     let outcomes = publisher
         .publish(&[missing_name, missing_url, invalid, good])
         .await;

@@ -8,12 +8,12 @@ pub use pgoutbox_core::{
     telemetry, uuid,
 };
 pub use pgoutbox_core::{
-    read_secret_file, redact_url, BatchReport, BrokerHealth, BrokerStatus, ChannelPublisher,
-    Claim, DeadLetter, DeadLetterAdmin, DeadLetterFilter, Decision, DecodeError, DynPublisher,
-    Event, EventError, FailureKind, Headers, Liveness, NewEvent, NullPublisher, Outcome,
-    OutboxStats, PublishError, Publisher, Relay, RelayConfig, RelayStats, RelayStatsSnapshot,
-    RetentionAdmin, RetryPolicy, Routing, RunOrder, RunOutcome, SecretFileError, StatsAdmin,
-    StdoutPublisher, Store, StoreError, TypedEvent, TRACEPARENT,
+    read_secret_file, redact_url, BatchReport, BrokerHealth, BrokerStatus, ChannelPublisher, Claim,
+    DeadLetter, DeadLetterAdmin, DeadLetterFilter, Decision, DecodeError, DynPublisher, Event,
+    EventError, FailureKind, Headers, Liveness, NewEvent, NullPublisher, OutboxStats, Outcome,
+    PublishError, Publisher, Relay, RelayConfig, RelayStats, RelayStatsSnapshot, RetentionAdmin,
+    RetryPolicy, Routing, RunOrder, RunOutcome, SecretFileError, StatsAdmin, StdoutPublisher,
+    Store, StoreError, TypedEvent, TRACEPARENT,
 };
 
 /// In-memory store and recording publisher for tests.

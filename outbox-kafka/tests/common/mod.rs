@@ -108,9 +108,7 @@ impl Drop for MockKafka {
 }
 
 /// A unique topic name per test.
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
-}
+pub use pgoutbox_core::testing::unique;
 
 /// A consumer reading `topic` (partitions `0..partitions`) from the beginning.
 pub fn consumer(bootstrap: &str, topic: &str, partitions: i32) -> StreamConsumer {

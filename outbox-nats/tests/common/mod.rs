@@ -11,10 +11,7 @@ use pgoutbox_core::Event;
 use pgoutbox_nats::async_nats::jetstream::stream::StorageType;
 use pgoutbox_nats::{EventConsumer, EventMessage, NatsConfig, NatsPublisher, SubjectRouting};
 
-/// The NATS server under test: `NATS_URL`, or the local one.
-pub fn nats_url() -> String {
-    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
+pub use pgoutbox_nats::testing::nats_url;
 
 /// Its address, for the proxy.
 pub fn nats_addr() -> SocketAddr {

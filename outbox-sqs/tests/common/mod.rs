@@ -53,7 +53,7 @@ pub async fn publisher(queue: &str) -> SqsPublisher {
 
 /// A unique queue name (FIFO when `fifo`).
 pub fn unique(prefix: &str, fifo: bool) -> String {
-    let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
+    let name = pgoutbox_core::testing::unique(prefix);
     if fifo {
         format!("{name}.fifo")
     } else {

@@ -49,7 +49,7 @@ impl DeadLetters {
     pub fn new(pool: PgPool, outbox: &Outbox) -> Self {
         Self {
             pool,
-            sql: Arc::clone(outbox.sql()),
+            sql: Arc::new(Sql::new(outbox.tables())),
             persistent: outbox.persistent(),
         }
     }

@@ -8,12 +8,12 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::sql::Sql;
+use crate::sql::EnqueueSql;
 use crate::tables::Tables;
 
 /// Writes events into one outbox table, inside the caller's transaction.
 ///
-/// Cheap to clone; build it once (it renders its SQL) and share it.
+/// Cheap to clone; build it once (it renders its two statements) and share it.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
@@ -37,7 +37,7 @@ use crate::tables::Tables;
 /// *Two modes*).
 #[derive(Debug, Clone)]
 pub struct Outbox {
-    sql: Arc<Sql>,
+    sql: Arc<EnqueueSql>,
     tables: Tables,
     /// Whether statements are prepared under a name and kept (sqlx's default), or
     /// sent unnamed (see [`Outbox::with_unnamed_statements`]).
@@ -57,7 +57,7 @@ impl Outbox {
     /// An outbox writing to `tables`.
     pub fn new(tables: Tables) -> Self {
         Self {
-            sql: Arc::new(Sql::new(&tables)),
+            sql: Arc::new(EnqueueSql::new(&tables)),
             tables,
             persistent: true,
             #[cfg(feature = "wal")]
@@ -113,10 +113,6 @@ impl Outbox {
         &self.tables
     }
 
-    pub(crate) fn sql(&self) -> &Arc<Sql> {
-        &self.sql
-    }
-
     /// `persistent` of every statement of this outbox (`false`: unnamed).
     pub(crate) fn persistent(&self) -> bool {
         self.persistent
@@ -133,7 +129,7 @@ impl Outbox {
         }
         event.validate()?;
         let headers = headers_json(event, &current_trace());
-        sqlx::query(&self.sql.enqueue_one)
+        sqlx::query(&self.sql.one)
             .bind(event.id)
             .bind(&event.aggregate_type)
             .bind(&event.aggregate_id)
@@ -170,7 +166,7 @@ impl Outbox {
         let destinations: Vec<Option<&str>> =
             events.iter().map(|e| e.destination.as_deref()).collect();
         let not_before: Vec<Option<DateTime<Utc>>> = events.iter().map(|e| e.not_before).collect();
-        sqlx::query(&self.sql.enqueue_many)
+        sqlx::query(&self.sql.many)
             .bind(&ids)
             .bind(column(|e| &e.aggregate_type))
             .bind(column(|e| &e.aggregate_id))
@@ -209,7 +205,11 @@ impl Outbox {
 /// Shorthand for `Outbox::default().enqueue(conn, event)`; build an [`Outbox`] once
 /// to avoid rendering the SQL on every call or to use other table names.
 pub async fn enqueue(conn: &mut PgConnection, event: &NewEvent) -> Result<Uuid> {
-    Outbox::default().enqueue(conn, event).await
+    static DEFAULT: std::sync::OnceLock<Outbox> = std::sync::OnceLock::new();
+    DEFAULT
+        .get_or_init(Outbox::default)
+        .enqueue(conn, event)
+        .await
 }
 
 /// The current span's trace context headers (feature `opentelemetry`), added to

@@ -150,8 +150,6 @@ pub(crate) struct Sql {
     pub(crate) migration_lock_key: String,
     pub(crate) template_names: Vec<(&'static str, String)>,
 
-    pub(crate) enqueue_one: String,
-    pub(crate) enqueue_many: String,
     pub(crate) claim_unordered: String,
     pub(crate) claim_aggregates: String,
     pub(crate) claim_runs: String,
@@ -229,6 +227,37 @@ pub(crate) struct Sql {
     /// starts (or reconnects) and must not let the stream overtake them.
     #[cfg_attr(not(feature = "wal"), allow(dead_code))]
     pub(crate) wal_parked_all: String,
+}
+
+/// The statements a producer runs: the inserts of [`crate::Outbox`], and nothing
+/// else, so that writing an event renders two statements, not the crate's.
+#[derive(Debug)]
+pub(crate) struct EnqueueSql {
+    pub(crate) one: String,
+    pub(crate) many: String,
+}
+
+impl EnqueueSql {
+    pub(crate) fn new(tables: &Tables) -> Self {
+        let events = tables.qualify(tables.events());
+        Self {
+            one: format!(
+                "INSERT INTO {events} (id, aggregate_type, aggregate_id, event_type, payload, \
+             headers, destination, available_at) \
+             VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, COALESCE($8, now()))"
+            ),
+            many: format!(
+                "INSERT INTO {events} (id, aggregate_type, aggregate_id, event_type, payload, \
+             headers, destination, available_at) \
+             SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::jsonb, \
+             u.headers::jsonb, u.destination, COALESCE(u.available_at, now()) \
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
+             $6::text[], $7::text[], $8::timestamptz[]) WITH ORDINALITY \
+             AS u(id, aggregate_type, aggregate_id, event_type, payload, headers, \
+             destination, available_at, n) ORDER BY u.n"
+            ),
+        }
+    }
 }
 
 impl Sql {
@@ -491,22 +520,6 @@ impl Sql {
                 // Identifiers are validated ([a-z0-9_]): safe in a string literal.
                 ("wal_prefix", format!("'pgoutbox:{}'", tables.outbox_name())),
             ],
-
-            enqueue_one: format!(
-                "INSERT INTO {events} (id, aggregate_type, aggregate_id, event_type, payload, \
-                 headers, destination, available_at) \
-                 VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, COALESCE($8, now()))"
-            ),
-            enqueue_many: format!(
-                "INSERT INTO {events} (id, aggregate_type, aggregate_id, event_type, payload, \
-                 headers, destination, available_at) \
-                 SELECT u.id, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::jsonb, \
-                 u.headers::jsonb, u.destination, COALESCE(u.available_at, now()) \
-                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
-                 $6::text[], $7::text[], $8::timestamptz[]) WITH ORDINALITY \
-                 AS u(id, aggregate_type, aggregate_id, event_type, payload, headers, \
-                 destination, available_at, n) ORDER BY u.n"
-            ),
 
             // From the walk start ($2), as ordered claims walk; due as of the clock,
             // as `waits_until` says why.

@@ -39,7 +39,7 @@ impl PgStore {
         // In a transaction, so that a pooler keeps one server connection for the
         // statement's round trips (see `pooler.rs`).
         let mut tx = self.pool().begin().await?;
-        let row = sqlx::query(&self.outbox().sql().stats)
+        let row = sqlx::query(&self.sql().stats)
             .persistent(self.outbox().persistent())
             .fetch_one(&mut *tx)
             .await?;
@@ -62,7 +62,7 @@ impl PgStore {
     /// producer transaction of this outbox.
     pub async fn horizon(&self) -> Result<Horizon> {
         let mut tx = self.pool().begin().await?;
-        let row = sqlx::query(&self.outbox().sql().horizon)
+        let row = sqlx::query(&self.sql().horizon)
             .persistent(self.outbox().persistent())
             .fetch_one(&mut *tx)
             .await?;
@@ -91,7 +91,7 @@ impl PgStore {
     /// this session can lock with `FOR KEY SHARE SKIP LOCKED`, in a transaction
     /// rolled back at once.
     pub async fn in_flight(&self, limit: u32) -> Result<Option<u64>> {
-        let sql = self.outbox().sql();
+        let sql = self.sql();
         let persistent = self.outbox().persistent();
         let probe = i64::from(limit) + 1;
         let mut tx = self.pool().begin().await?;

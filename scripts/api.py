@@ -68,14 +68,22 @@ def members(page, kind):
                 end = min(end, at)
         own = page[:end]
     else:
-        start = page.find('id="implementations"')
-        inherent = ""
-        if start != -1:
-            after = page.find("<h2 id=", start + 1)
-            inherent = page[start : after if after != -1 else len(page)]
-        # Fields and variants come before the implementations.
-        head = page[: start if start != -1 else len(page)]
-        own = head + inherent
+        # Fields and variants come before every implementation section; the
+        # inherent methods are the first section, when there is one.
+        sections = [
+            page.find(f'<h2 id="{name}"')
+            for name in (
+                "implementations",
+                "trait-implementations",
+                "synthetic-implementations",
+                "blanket-implementations",
+            )
+        ]
+        first = min([at for at in sections if at != -1], default=len(page))
+        own = page[:first]
+        if sections[0] != -1:
+            after = page.find("<h2 id=", sections[0] + 1)
+            own += page[sections[0] : after if after != -1 else len(page)]
     found = set()
     for prefix, name in re.findall(r'id="([a-z]+)\.([A-Za-z0-9_]+)"', own):
         if prefix in MEMBERS:

@@ -1,7 +1,8 @@
 //! Decoding outbox rows into core events.
 //!
 //! Columns are read by position: a lookup by name hashes the name for every column
-//! of every row, which cost the relay about a tenth of its CPU time on a drain.
+//! of every row, a visible share of the relay's CPU time on a drain
+//! (docs/benchmarks-history.md).
 //! Every statement that returns events starts with `sql::EVENT_COLUMNS`; the
 //! columns it adds after them are named in [`column`]. Debug builds (the tests)
 //! check each position against its name and type.

@@ -31,8 +31,8 @@ const SKIPPED_FROM: &str = "pgoutbox.claim_skipped_from";
 ///
 /// JIT is off as well: a plan that keeps a sequential scan anyway (the pending
 /// count's look at every hold) is costed above `jit_above_cost` by the disabled
-/// scan's penalty, and compiling it took about 190 ms for a statement that runs in
-/// two.
+/// scan's penalty, and compiling it cost about a hundred times the statement's
+/// own run (docs/benchmarks-history.md).
 macro_rules! plan_guard {
     () => {
         "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; \
@@ -352,8 +352,9 @@ impl Sql {
         // (an init plan) then spares every row its primary-key probe. `OFFSET 0`
         // keeps the probe a probe: without it the planner may hash the whole holds
         // table instead, once per statement (it does under a generic plan when the
-        // table was analysed while empty), and a claim costs O(holds): 9-12 ms with
-        // 20,000 aggregates held by a long partial outage, against 0.4 ms probing.
+        // table was analysed while empty), and a claim costs O(holds), over twenty
+        // times the probe's cost with 20,000 aggregates held by a long partial outage
+        // (docs/benchmarks-history.md).
         let not_held = |alias: &str| {
             format!(
                 "(NOT EXISTS (SELECT 1 FROM {holds}) OR NOT EXISTS (SELECT 1 FROM {holds} h \
@@ -574,7 +575,7 @@ impl Sql {
             //
             // An earlier form numbered the walked rows with a window function and
             // fetched each kept row again by `ctid` for its xmax: the same traces,
-            // at about 0.9 us more per event (docs/benchmarks-history.md, issue 10).
+            // at a cost per event (docs/benchmarks-history.md, "Claim path").
             claim_aggregates: format!(
                 "(SELECT w.seq, w.id, w.aggregate_type, w.aggregate_id, w.event_type, \
                  w.payload::text AS payload, w.headers::text AS headers, w.destination, \
@@ -619,8 +620,8 @@ impl Sql {
             // filter leaves dead letters in (flagged; the store steps over them or
             // stops at them as for expired holds), so that only the aggregate index's
             // predicate holds and the pending index cannot serve it. A generic plan
-            // without statistics otherwise scanned the whole seq range once per key:
-            // 20-50 ms a claim. Held aggregates are left out by the walk's own check
+            // without statistics otherwise scanned the whole seq range once per key,
+            // a claim's cost growing with the backlog. Held aggregates are left out by the walk's own check
             // (`not_held`: one probe of the holds table per key). Then each expired
             // hold's first $8 events from its `from_seq` ($7; the store passes
             // i64::MIN for NULL), through the aggregate index: never below it, where

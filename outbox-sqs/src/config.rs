@@ -94,19 +94,21 @@ impl SqsConfig {
     /// Like [`SqsConfig::from_env`], from the given variables.
     pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
         let (settings, envelope) = settings_and_envelope::<SqsSettings>(vars, Error::from)?;
-        Ok(Self::from_settings(&settings).envelope(envelope))
+        Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 
     /// Defaults overridden by `settings` (a configuration file's section, the
-    /// environment laid over it).
-    pub fn from_settings(settings: &SqsSettings) -> Self {
+    /// environment laid over it). A `Result`, as every adapter's `from_settings`:
+    /// none of today's SQS settings can be refused here (the region and the queue
+    /// are checked when the publisher is built).
+    pub fn from_settings(settings: &SqsSettings) -> Result<Self> {
         let s = settings;
-        Self::default()
+        Ok(Self::default()
             .with_setting(&s.queue, Self::queue)
             .with_setting(&s.queue_prefix, Self::queue_prefix)
             .with_setting(&s.endpoint, Self::endpoint)
             .with_setting(&s.region, Self::region)
-            .with_setting(&s.timeout, |c, timeout| c.timeout(timeout.into()))
+            .with_setting(&s.timeout, |c, timeout| c.timeout(timeout.into())))
     }
 
     /// Encode events with this envelope: the outbox envelope (default) or
@@ -305,7 +307,7 @@ mod tests {
         let file: SqsSettings =
             toml::from_str("queue = \"file-q\"\nregion = \"eu-west-1\"\ntimeout = \"3s\"").unwrap();
         let settings = file.with_vars([(ENV_QUEUE, "env-q")]).unwrap();
-        let c = SqsConfig::from_settings(&settings);
+        let c = SqsConfig::from_settings(&settings).unwrap();
         assert_eq!(c.routing.queues.default.as_deref(), Some("env-q"));
         assert_eq!(c.region.as_deref(), Some("eu-west-1"));
         assert_eq!(c.timeout, Duration::from_secs(3));

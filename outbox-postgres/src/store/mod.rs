@@ -74,8 +74,8 @@ pub struct StoreConfig {
     /// `true` (the server's setting). With `false` the claim transaction runs
     /// `SET LOCAL synchronous_commit = off` (in the same round trip as `BEGIN`;
     /// transaction-scoped, so pooler-safe) and the relay does not wait for a WAL
-    /// flush per batch (an fsync takes about 3 ms on our machine; the drain gained
-    /// 7% in `docs/benchmarks-history.md`).
+    /// flush per batch (one fsync per batch; what the drain gains is in
+    /// `docs/benchmarks-history.md`).
     /// The cost: if PostgreSQL itself crashes, outcomes recorded in the last moments
     /// before the crash (at most 3 x `wal_writer_delay`) are undone, and those events
     /// are published again. Duplicates around a crash, never a loss: producers'

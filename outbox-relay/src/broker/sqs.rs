@@ -14,7 +14,7 @@ pub(super) struct Sqs;
 impl Sqs {
     fn config(input: &BrokerInput) -> Result<SqsConfig, BoxError> {
         let settings = input.parse::<SqsSettings>()?.with_env()?;
-        let mut config = SqsConfig::from_settings(&settings).envelope(input.envelope().clone());
+        let mut config = SqsConfig::from_settings(&settings)?.envelope(input.envelope().clone());
         for (event_type, queue) in input.routes_by_event_type() {
             config = config.route_event_type(event_type, queue);
         }

@@ -70,7 +70,7 @@ impl Cleanup {
     pub fn new(pool: PgPool, outbox: &Outbox) -> Self {
         Self {
             pool,
-            sql: Arc::new(Sql::new(outbox.tables())),
+            sql: Arc::clone(outbox.sql()),
             persistent: outbox.persistent(),
             batch_size: 1000,
             name: outbox.tables().outbox_name(),

@@ -49,7 +49,7 @@ impl DeadLetters {
     pub fn new(pool: PgPool, outbox: &Outbox) -> Self {
         Self {
             pool,
-            sql: Arc::new(Sql::new(outbox.tables())),
+            sql: Arc::clone(outbox.sql()),
             persistent: outbox.persistent(),
         }
     }

@@ -1,6 +1,6 @@
 //! Writing events in the caller's transaction.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
 use pgoutbox_core::NewEvent;
@@ -8,7 +8,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::sql::EnqueueSql;
+use crate::sql::{EnqueueSql, Sql};
 use crate::tables::Tables;
 
 /// Writes events into one outbox table, inside the caller's transaction.
@@ -38,6 +38,10 @@ use crate::tables::Tables;
 #[derive(Debug, Clone)]
 pub struct Outbox {
     sql: Arc<EnqueueSql>,
+    /// The crate's other statements for these tables, for what is built from this
+    /// outbox (store, dead letters, cleanup, inbox): rendered on first use, shared
+    /// by every clone, never by a producer.
+    statements: Arc<OnceLock<Arc<Sql>>>,
     tables: Tables,
     /// Whether statements are prepared under a name and kept (sqlx's default), or
     /// sent unnamed (see [`Outbox::with_unnamed_statements`]).
@@ -58,6 +62,7 @@ impl Outbox {
     pub fn new(tables: Tables) -> Self {
         Self {
             sql: Arc::new(EnqueueSql::new(&tables)),
+            statements: Arc::default(),
             tables,
             persistent: true,
             #[cfg(feature = "wal")]
@@ -111,6 +116,12 @@ impl Outbox {
     /// The names in use.
     pub fn tables(&self) -> &Tables {
         &self.tables
+    }
+
+    /// The statements of what is built from this outbox (rendered once, on first use).
+    pub(crate) fn sql(&self) -> &Arc<Sql> {
+        self.statements
+            .get_or_init(|| Arc::new(Sql::new(&self.tables)))
     }
 
     /// `persistent` of every statement of this outbox (`false`: unnamed).

@@ -49,7 +49,7 @@ impl Inbox {
         // Same rules as SQL names: predictable, printable, short.
         Ident::new("consumer", consumer)?;
         Ok(Self {
-            sql: Arc::new(Sql::new(outbox.tables())),
+            sql: Arc::clone(outbox.sql()),
             persistent: outbox.persistent(),
             consumer: consumer.to_string(),
         })

@@ -140,7 +140,7 @@ impl TestOutbox {
     /// force_generic_plan`: the plan a cached prepared statement would use, whatever
     /// the table statistics say. Nothing is executed.
     pub async fn explain_hot_path(&self) -> Result<Vec<(&'static str, serde_json::Value)>> {
-        let sql = &Sql::new(&self.tables);
+        let sql = self.outbox.sql();
         let mut conn = self.pool.acquire().await?;
         let mut plans = Vec::new();
         for statement in hot_path(sql) {
@@ -178,7 +178,7 @@ impl TestOutbox {
     /// transaction runs it (planner settings applied), then rolled back. What a
     /// claim costs in pages, whatever the machine's speed.
     pub async fn walk_buffers(&self, walk_start: i64) -> Result<(i64, i64)> {
-        let sql = &Sql::new(&self.tables);
+        let sql = self.outbox.sql();
         let walk = self
             .buffers_of(
                 &sql.claim_aggregates,

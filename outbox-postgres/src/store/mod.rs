@@ -132,8 +132,6 @@ impl StoreConfig {
 pub struct PgStore {
     pool: PgPool,
     outbox: Outbox,
-    /// The statements of the claim path, the wake-up and the statistics.
-    sql: Arc<Sql>,
     config: StoreConfig,
     waker: Arc<Waker>,
     walk_start: Arc<WalkStart>,
@@ -146,13 +144,11 @@ impl PgStore {
     /// On a pool without a statement cache ([`crate::pooler_options`]) its
     /// statements are unnamed, and so are those of its [`PgStore::outbox`].
     pub fn new(pool: PgPool, tables: Tables) -> Self {
-        let sql = Arc::new(Sql::new(&tables));
         let outbox = Outbox::new(tables).with_unnamed_statements(!caches_statements(&pool));
-        let waker = Arc::new(Waker::new(Wakeup::default(), &sql));
+        let waker = Arc::new(Waker::new(Wakeup::default(), outbox.sql()));
         Self {
             pool,
             outbox,
-            sql,
             config: StoreConfig::default(),
             waker,
             walk_start: Arc::new(WalkStart::new(Instant::now())),
@@ -178,7 +174,7 @@ impl PgStore {
     /// and, without its own URL, one connection of the pool for as long as the store lives.
     #[must_use]
     pub fn with_wakeup(mut self, wakeup: Wakeup) -> Self {
-        self.waker = Arc::new(Waker::new(wakeup, &self.sql));
+        self.waker = Arc::new(Waker::new(wakeup, self.outbox.sql()));
         self
     }
 
@@ -229,7 +225,7 @@ impl PgStore {
     }
 
     pub(crate) fn sql(&self) -> &Arc<Sql> {
-        &self.sql
+        self.outbox.sql()
     }
 
     /// The statements of this configuration's claim and record, for benchmarks that

@@ -1,24 +1,11 @@
-//! The message envelope: header names, and reading them back on the consumer side.
+//! The message envelope: headers written, and read back on the consumer side.
 
-use pgoutbox_core::envelope::{self, Binding, Encoded, EnvelopeError, Metadata};
+use pgoutbox_core::envelope::{self, Encoded, EnvelopeError, Metadata};
 use rdkafka::message::{Header, Headers as _, Message, OwnedHeaders};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-
-pub use pgoutbox_core::envelope::{
-    AGGREGATE_ID as HEADER_AGGREGATE_ID, AGGREGATE_TYPE as HEADER_AGGREGATE_TYPE,
-    CREATED_AT as HEADER_CREATED_AT, EVENT_ID as HEADER_EVENT_ID, EVENT_TYPE as HEADER_EVENT_TYPE,
-    RESERVED as RESERVED_HEADERS,
-};
-
-/// Header with the content type, in the CloudEvents envelope (the outbox envelope
-/// never sent one on Kafka: its body is always the JSON payload).
-pub const HEADER_CONTENT_TYPE: &str = "content-type";
-
-/// The CloudEvents Kafka protocol binding: attributes in `ce_` headers (binary
-/// mode), the content type in the `content-type` header.
-pub const BINDING: Binding = Binding::new("ce_", Some(HEADER_CONTENT_TYPE));
+use crate::headers::{BINDING, CONTENT_TYPE, RESERVED};
 
 /// The Kafka headers of an encoded event: the envelope's metadata, then the event's
 /// own headers (`traceparent` and user metadata) under their names, then the
@@ -34,7 +21,7 @@ pub(crate) fn headers(encoded: &Encoded<'_>) -> OwnedHeaders {
     }
     if let Some(content_type) = encoded.content_type {
         headers = headers.insert(Header {
-            key: HEADER_CONTENT_TYPE,
+            key: CONTENT_TYPE,
             value: Some(content_type),
         });
     }
@@ -62,10 +49,7 @@ pub fn metadata<M: Message>(message: &M) -> Result<Metadata> {
                 // User headers are UTF-8 when the outbox wrote them; skip foreign ones.
                 Ok(_) => {}
                 Err(e) => {
-                    if let Some(&name) = RESERVED_HEADERS
-                        .iter()
-                        .find(|r| r.eq_ignore_ascii_case(h.key))
-                    {
+                    if let Some(&name) = RESERVED.iter().find(|r| r.eq_ignore_ascii_case(h.key)) {
                         return Err(Error::InvalidHeader {
                             name,
                             reason: e.to_string(),

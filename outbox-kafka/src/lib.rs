@@ -4,6 +4,7 @@ mod admin;
 mod config;
 mod envelope;
 mod error;
+pub mod headers;
 mod publisher;
 mod routing;
 
@@ -11,10 +12,7 @@ pub use config::{
     KafkaConfig, KafkaSettings, ENV_BROKERS, ENV_DELIVERY_TIMEOUT_MS, ENV_QUEUE_TIMEOUT_MS,
     ENV_RDKAFKA_PREFIX, ENV_SASL_PASSWORD_FILE, ENV_TOPIC, ENV_TOPIC_PREFIX,
 };
-pub use envelope::{
-    event_id, metadata, BINDING, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_CONTENT_TYPE,
-    HEADER_CREATED_AT, HEADER_EVENT_ID, HEADER_EVENT_TYPE, RESERVED_HEADERS,
-};
+pub use envelope::{event_id, metadata};
 pub use error::{Error, Result};
 /// The envelope settings (outbox or CloudEvents), and the metadata of a received
 /// message in any envelope: one type for every adapter.

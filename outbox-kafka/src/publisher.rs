@@ -22,7 +22,7 @@ const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(5);
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Publishes events to Kafka: topic by routing rule, key = aggregate id, payload =
-/// the JSON payload, outbox metadata in headers (see [`crate::HEADER_EVENT_ID`] and
+/// the JSON payload, outbox metadata in headers (see [`crate::headers::EVENT_ID`] and
 /// the other header constants).
 ///
 /// All messages of a batch are queued in order and in flight at once; each event's
@@ -132,7 +132,7 @@ impl KafkaPublisher {
         deadline: Instant,
     ) -> Result<DeliveryFuture, Outcome> {
         let topic = self.routing.topic(event).map_err(Outcome::Failed)?;
-        let encoded = self.envelope.encode(event, &envelope::BINDING);
+        let encoded = self.envelope.encode(event, &crate::headers::BINDING);
         let mut record = FutureRecord::to(&topic)
             .key(event.aggregate_id.as_bytes())
             .payload(encoded.body.as_ref())

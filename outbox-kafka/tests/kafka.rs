@@ -85,7 +85,7 @@ async fn headers_carry_the_envelope() {
     );
     e.headers.insert("tenant".into(), "acme".into());
     e.headers
-        .insert(pgoutbox_kafka::HEADER_EVENT_ID.into(), "spoofed".into());
+        .insert(pgoutbox_kafka::headers::EVENT_ID.into(), "spoofed".into());
     assert_eq!(
         publisher.publish(std::slice::from_ref(&e)).await,
         vec![Outcome::Published]
@@ -117,7 +117,7 @@ async fn headers_carry_the_envelope() {
     );
     assert_eq!(r.traceparent(), e.traceparent());
     assert_eq!(r.headers.get("tenant").map(String::as_str), Some("acme"));
-    assert!(!r.headers.contains_key(pgoutbox_kafka::HEADER_EVENT_ID));
+    assert!(!r.headers.contains_key(pgoutbox_kafka::headers::EVENT_ID));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,33 +1,16 @@
-//! The message envelope: attribute names and layout, and reading them back.
+//! The message envelope: attributes written, and read back.
 
 use std::collections::HashMap;
 
 use aws_sdk_sqs::types::{Message, MessageAttributeValue};
 use pgoutbox_core::envelope::cloudevents::STRUCTURED_CONTENT_TYPE;
-use pgoutbox_core::envelope::{self, Binding, Encoded, EnvelopeError, Metadata};
+use pgoutbox_core::envelope::{self, Encoded, EnvelopeError, Metadata};
 use pgoutbox_core::TRACEPARENT;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
 
-pub use pgoutbox_core::envelope::{
-    AGGREGATE_ID as ATTR_AGGREGATE_ID, AGGREGATE_TYPE as ATTR_AGGREGATE_TYPE,
-    CREATED_AT as ATTR_CREATED_AT, EVENT_ID as ATTR_EVENT_ID, EVENT_TYPE as ATTR_EVENT_TYPE,
-};
-/// Attribute with all user headers as one JSON object, used when they do not fit
-/// as separate attributes (see the crate docs).
-pub const ATTR_HEADERS: &str = "outbox-headers";
-
-/// Attribute with the content type of a structured CloudEvent.
-pub const ATTR_CONTENT_TYPE: &str = "content-type";
-
-/// CloudEvents attributes travel as `ce-` attributes (binary mode), the content type
-/// of a structured one as `content-type`: SQS has no CloudEvents binding, so this
-/// follows the HTTP one, whose names SQS accepts.
-pub const BINDING: Binding = Binding::new("ce-", Some(ATTR_CONTENT_TYPE));
-
-/// SQS's limit of message attributes per message.
-pub const MAX_ATTRIBUTES: usize = 10;
+use crate::headers::{BINDING, CONTENT_TYPE, MAX_ATTRIBUTES, PACKED_HEADERS};
 
 const STRING: &str = "String";
 
@@ -39,7 +22,7 @@ const STRING: &str = "String";
 /// payload, to stay within SQS's 10 attributes), and `traceparent` when present. The
 /// other headers each become an attribute when all of them fit within SQS's 10 and
 /// have names and values SQS accepts; otherwise all of them travel as one JSON
-/// object in [`ATTR_HEADERS`]. Nothing is dropped.
+/// object in [`PACKED_HEADERS`]. Nothing is dropped.
 pub(crate) fn attributes(encoded: &Encoded<'_>) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = encoded
         .metadata
@@ -50,7 +33,7 @@ pub(crate) fn attributes(encoded: &Encoded<'_>) -> Vec<(String, String)> {
         .content_type
         .filter(|&t| t == STRUCTURED_CONTENT_TYPE)
     {
-        out.push((ATTR_CONTENT_TYPE.to_string(), content_type.to_string()));
+        out.push((CONTENT_TYPE.to_string(), content_type.to_string()));
     }
     let mut rest: Vec<(&str, &str)> = Vec::new();
     for &(name, value) in &encoded.headers {
@@ -75,7 +58,7 @@ pub(crate) fn attributes(encoded: &Encoded<'_>) -> Vec<(String, String)> {
             .map(|(n, v)| (n.to_string(), serde_json::Value::String(v.to_string())))
             .collect();
         out.push((
-            ATTR_HEADERS.to_string(),
+            PACKED_HEADERS.to_string(),
             serde_json::Value::Object(object).to_string(),
         ));
     }
@@ -106,8 +89,8 @@ fn valid_attribute_name(name: &str) -> bool {
         && !lower.starts_with("aws.")
         && !lower.starts_with("amazon.")
         && !envelope::is_reserved(name)
-        && name != ATTR_HEADERS
-        && !name.eq_ignore_ascii_case(ATTR_CONTENT_TYPE)
+        && name != PACKED_HEADERS
+        && !name.eq_ignore_ascii_case(CONTENT_TYPE)
 }
 
 pub(crate) fn attribute_value(value: String) -> Option<MessageAttributeValue> {
@@ -121,7 +104,7 @@ pub(crate) fn attribute_value(value: String) -> Option<MessageAttributeValue> {
 /// The outbox metadata of a received SQS message, the same [`Metadata`] type as
 /// every adapter's. Receive with `.message_attribute_names("All")` so the
 /// attributes come along; user headers are read whether they came as separate
-/// attributes or packed in [`ATTR_HEADERS`].
+/// attributes or packed in [`PACKED_HEADERS`].
 ///
 /// ```no_run
 /// # async fn demo(client: aws_sdk_sqs::Client, url: &str) -> Result<(), Box<dyn std::error::Error>> {
@@ -146,7 +129,7 @@ pub fn metadata_from_attributes(
 ) -> Result<Metadata> {
     let mut pairs: Vec<(&str, &str)> = attributes
         .iter()
-        .filter(|(name, _)| name.as_str() != ATTR_HEADERS)
+        .filter(|(name, _)| name.as_str() != PACKED_HEADERS)
         .filter_map(|(name, value)| Some((name.as_str(), value.string_value()?)))
         .collect();
     // Names are compared without case and the first of a repeated one wins: the
@@ -158,10 +141,13 @@ pub fn metadata_from_attributes(
             EnvelopeError::Malformed { name, reason } => Error::InvalidAttribute { name, reason },
             other => Error::CloudEvent(other),
         })?;
-    if let Some(packed) = attributes.get(ATTR_HEADERS).and_then(|v| v.string_value()) {
+    if let Some(packed) = attributes
+        .get(PACKED_HEADERS)
+        .and_then(|v| v.string_value())
+    {
         let object: HashMap<String, String> =
             serde_json::from_str(packed).map_err(|e| Error::InvalidAttribute {
-                name: ATTR_HEADERS,
+                name: PACKED_HEADERS,
                 reason: format!("not a JSON object of strings: {e}"),
             })?;
         meta.headers.extend(object);
@@ -232,7 +218,7 @@ mod tests {
         for envelope in envelopes() {
             let names: Vec<String> = attrs(&envelope, &e).into_iter().map(|(n, _)| n).collect();
             assert!(names.contains(&"tenant".to_string()), "{names:?}");
-            assert!(!names.contains(&ATTR_HEADERS.to_string()));
+            assert!(!names.contains(&PACKED_HEADERS.to_string()));
             assert_eq!(round_trip(&envelope, &e).headers, e.headers);
         }
     }
@@ -251,7 +237,9 @@ mod tests {
             ("empty", ""),
         ]);
         for envelope in envelopes() {
-            assert!(attrs(&envelope, &e).iter().any(|(n, _)| n == ATTR_HEADERS));
+            assert!(attrs(&envelope, &e)
+                .iter()
+                .any(|(n, _)| n == PACKED_HEADERS));
             assert_eq!(round_trip(&envelope, &e).headers, e.headers);
             assert_eq!(round_trip(&envelope, &odd).headers, odd.headers);
         }

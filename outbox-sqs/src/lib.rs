@@ -3,6 +3,7 @@
 mod config;
 mod envelope;
 mod error;
+pub mod headers;
 mod publisher;
 mod routing;
 
@@ -12,11 +13,7 @@ pub use config::{
     SqsConfig, SqsSettings, DEFAULT_MAX_MESSAGE_BYTES, ENV_ENDPOINT, ENV_QUEUE, ENV_QUEUE_PREFIX,
     ENV_REGION, ENV_TIMEOUT_MS,
 };
-pub use envelope::{
-    event_id, metadata, metadata_from_attributes, ATTR_AGGREGATE_ID, ATTR_AGGREGATE_TYPE,
-    ATTR_CONTENT_TYPE, ATTR_CREATED_AT, ATTR_EVENT_ID, ATTR_EVENT_TYPE, ATTR_HEADERS, BINDING,
-    MAX_ATTRIBUTES,
-};
+pub use envelope::{event_id, metadata, metadata_from_attributes};
 pub use error::{Error, Result};
 /// The envelope settings (outbox or CloudEvents), and the metadata of a received
 /// message in any envelope: one type for every adapter.

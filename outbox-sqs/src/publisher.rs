@@ -17,7 +17,7 @@ use pgoutbox_core::envelope::Envelope;
 const MAX_BATCH_ENTRIES: usize = 10;
 
 /// Publishes events to Amazon SQS: queue by routing rule, body = the JSON payload,
-/// outbox metadata in message attributes (see [`crate::ATTR_EVENT_ID`] and the
+/// outbox metadata in message attributes (see [`crate::headers::EVENT_ID`] and the
 /// crate docs). On FIFO queues (URL ending in `.fifo`) `MessageGroupId` is the
 /// aggregate id and `MessageDeduplicationId` the event id.
 ///
@@ -109,7 +109,7 @@ impl SqsPublisher {
     }
 
     fn entry(&self, index: usize, event: &Event, fifo: bool) -> Result<Entry, PublishError> {
-        let encoded = self.envelope.encode(event, &envelope::BINDING);
+        let encoded = self.envelope.encode(event, &crate::headers::BINDING);
         // Every envelope's body is JSON text.
         let body = std::str::from_utf8(&encoded.body)
             .map_err(|e| PublishError::permanent(format!("sqs: body is not UTF-8: {e}")))?;

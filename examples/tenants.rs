@@ -17,7 +17,7 @@ mod order_service;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgoutbox::postgres::{migrate, Outbox, PgStore, Tables, TenantDiscovery};
+use pgoutbox::postgres::{migrate, relay_pool, Outbox, PgStore, Tables, TenantDiscovery};
 use pgoutbox::{DynPublisher, NewEvent, StdoutPublisher, Store};
 use sqlx::PgPool;
 
@@ -43,7 +43,7 @@ async fn run() -> Result<(), Error> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     // One pool for every tenant of this database: it is their connection budget.
-    let pool = PgStore::connect(&url, 4, Duration::from_secs(30))
+    let pool = relay_pool(&url, 4, Duration::from_secs(30))
         .await
         .map_err(|e| format!("{e} (is PostgreSQL running? DATABASE_URL)"))?;
     for tenant in ["a", "b", "c"] {

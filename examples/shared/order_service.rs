@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use pgoutbox::envelope::Metadata;
-use pgoutbox::postgres::{migrate, Inbox, Outbox, PgStore, Processed, Tables};
+use pgoutbox::postgres::{migrate, relay_pool, Inbox, Outbox, PgStore, Processed, Tables};
 use pgoutbox::{redact_url, NewEvent, Publisher, Relay, RelayConfig, TypedEvent};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -166,7 +166,7 @@ pub(crate) struct Database {
 /// table `orders` in it.
 pub(crate) async fn connect(name: &str) -> Result<Database, Error> {
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string());
-    let pool = PgStore::connect(&url, 4, Duration::from_secs(60))
+    let pool = relay_pool(&url, 4, Duration::from_secs(60))
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", redact_url(&url)))?;
     let tables = Tables::in_schema(&format!("example_{name}"))?;

@@ -70,9 +70,10 @@ impl Bench {
         })
     }
 
-    /// A relay store on its own pool from `PgStore::connect` (as a relay would have).
+    /// A relay store on its own pool from `relay_pool` (as a relay would have).
     pub(crate) async fn store(&self, connections: u32) -> Result<PgStore> {
-        let pool = PgStore::connect(&self.url, connections, Duration::from_secs(60)).await?;
+        let pool =
+            pgoutbox_postgres::relay_pool(&self.url, connections, Duration::from_secs(60)).await?;
         Ok(PgStore::new(pool, self.tables.clone()))
     }
 

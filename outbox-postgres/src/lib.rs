@@ -46,7 +46,7 @@ pub use inbox::{Inbox, InboxError, Processed};
 pub use migrate::{inbox_script, migrate, migrate_inbox, migration_script, unapplied_migrations};
 /// The administration types, defined in the core crate (any store can offer them).
 pub use pgoutbox_core::admin::{DeadLetter, DeadLetterFilter, OutboxStats};
-pub use pool::{relay_connect_options, relay_pool_options};
+pub use pool::{relay_connect_options, relay_pool, relay_pool_options};
 pub use pooler::pooler_options;
 pub use shared_wakeup::SharedWakeup;
 pub use sql::AfterDeadLetter;

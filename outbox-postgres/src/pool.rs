@@ -1,10 +1,29 @@
-//! The pool a relay's store runs on, built one way by [`crate::PgStore::connect`],
-//! the `outbox` binary, the examples and the benchmarks, so that what is measured
-//! is what runs.
+//! The pool a relay's store runs on, built one way by [`relay_pool`], the `outbox`
+//! binary, the examples and the benchmarks, so that what is measured is what runs.
 
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+use crate::error::{Error, Result};
+
+/// Connect a pool suited to a relay ([`relay_pool_options`]): `max_connections`
+/// connections, each with the session settings of [`relay_connect_options`], so
+/// that a relay cut off by the network cannot hold its claimed rows for longer
+/// than `claim_timeout`. A checkout waits at most 10 s.
+pub async fn relay_pool(
+    url: &str,
+    max_connections: u32,
+    claim_timeout: Duration,
+) -> Result<PgPool> {
+    let options: PgConnectOptions = url
+        .parse()
+        .map_err(|e: sqlx::Error| Error::InvalidConfig(format!("database URL: {e}")))?;
+    Ok(relay_pool_options(max_connections, Duration::from_secs(10))
+        .connect_with(relay_connect_options(options, claim_timeout))
+        .await?)
+}
 
 /// Connection options for a relay's sessions: an
 /// `idle_in_transaction_session_timeout` of `claim_timeout`, so that a relay cut

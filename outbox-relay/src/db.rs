@@ -65,7 +65,7 @@ pub(crate) async fn connect(db: &DatabaseSettings, role: Role) -> Result<PgPool,
         Role::Relay => db.max_connections,
         Role::Admin => 2,
     };
-    // The pool the library's own `PgStore::connect` builds, which the benchmarks
+    // The pool the library's own `relay_pool` builds, which the benchmarks
     // measure: no ping before each checkout.
     Ok(pgoutbox_postgres::relay_pool_options(max, db.connect_timeout).connect_lazy_with(options))
 }

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgoutbox_core::{Claim, Decision, Event, Store, StoreError};
-use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
@@ -188,25 +187,6 @@ impl PgStore {
     pub fn with_config(mut self, config: StoreConfig) -> Self {
         self.config = config;
         self
-    }
-
-    /// Connect a pool suited to a relay ([`crate::relay_pool_options`]):
-    /// `max_connections` connections, each with the session settings of
-    /// [`crate::relay_connect_options`], so that a relay cut off by the network
-    /// cannot hold its claimed rows for longer than `claim_timeout`.
-    pub async fn connect(
-        url: &str,
-        max_connections: u32,
-        claim_timeout: Duration,
-    ) -> Result<PgPool> {
-        let options: PgConnectOptions = url
-            .parse()
-            .map_err(|e: sqlx::Error| Error::InvalidConfig(format!("database URL: {e}")))?;
-        Ok(
-            crate::relay_pool_options(max_connections, Duration::from_secs(10))
-                .connect_with(crate::relay_connect_options(options, claim_timeout))
-                .await?,
-        )
     }
 
     /// The pool.

@@ -122,7 +122,10 @@ pub(crate) const DISCOVER_SCHEMAS: &str = "SELECT n.nspname::text FROM pg_namesp
      WHERE n.nspname LIKE $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') ORDER BY 1";
 
 /// What to do with the followers of a dead-lettered event when ordering is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Deserialised from `"release"` or `"block"` (the `outbox` binary's
+/// `relay.after_dead_letter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum AfterDeadLetter {
     /// The next event of the aggregate becomes publishable: one poison event does not
     /// stall its aggregate, at the price of a gap (and, if the dead letter is retried

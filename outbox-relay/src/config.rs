@@ -214,13 +214,6 @@ section! {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum AfterDead {
-    Release,
-    Block,
-}
-
 /// How an idle relay learns of new events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -241,7 +234,7 @@ section! {
         poll_interval: Dur = Dur(RelayConfig::default().poll_interval),
         publish_timeout: Dur = Dur(RelayConfig::default().publish_timeout),
         ordering: bool = true,
-        after_dead_letter: AfterDead = AfterDead::Block,
+        after_dead_letter: AfterDeadLetter = AfterDeadLetter::Block,
         pending_refresh: Dur = Dur(RelayConfig::default().pending_refresh),
         error_backoff: Dur = Dur(RelayConfig::default().error_backoff),
         broker_probe_max: Dur = Dur(RelayConfig::default().broker_probe_max),
@@ -765,10 +758,7 @@ fn validate(file: FileConfig) -> Result<Settings, Failure> {
     relay.event_type_labels = r.event_type_labels;
     let mut store = StoreConfig::default();
     store.ordering = r.ordering;
-    store.after_dead_letter = match r.after_dead_letter {
-        AfterDead::Release => AfterDeadLetter::Release,
-        AfterDead::Block => AfterDeadLetter::Block,
-    };
+    store.after_dead_letter = r.after_dead_letter;
     store.retention = file.retention.published.0;
     store.synchronous_commit = r.synchronous_commit;
     let outboxes = outbox_targets(&file.outboxes, &relay).map_err(config)?;

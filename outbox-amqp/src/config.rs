@@ -133,9 +133,8 @@ impl AmqpConfig {
 
     /// Like [`AmqpConfig::from_env`], from the given variables.
     pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
-        let (settings, envelope) = settings_and_envelope::<AmqpSettings>(vars, |e| {
-            Error::config("envelope", e.to_string())
-        })?;
+        let (settings, envelope) =
+            settings_and_envelope::<AmqpSettings>(vars, |e| Error::Config(e.into()))?;
         Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 
@@ -300,6 +299,7 @@ mod tests {
         assert!(err.to_string().contains("OUTBOX_AMQP_TIMEOUT_MS"), "{err}");
         let err = AmqpConfig::new("http://nope").validate().unwrap_err();
         assert!(err.to_string().contains("url"), "{err}");
+        assert!(matches!(&err, Error::Config(e) if e.key == "url"), "{err}");
         assert!(AmqpConfig::default()
             .timeout(Duration::ZERO)
             .validate()

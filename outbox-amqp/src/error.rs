@@ -1,5 +1,7 @@
 //! Errors of the AMQP publisher: configuration, connection, topology, reading events back.
 
+use pgoutbox_core::settings::{ConfigError, VarError};
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -7,14 +9,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A configuration value is invalid; nothing was connected.
-    #[error("invalid AMQP outbox configuration: {field}: {reason}")]
-    Config {
-        /// The setting (or environment variable) at fault.
-        field: String,
-        /// Why it was refused.
-        reason: String,
-    },
+    /// A setting is invalid (its key and why); nothing was connected.
+    #[error("invalid AMQP configuration: {0}")]
+    Config(#[from] ConfigError),
     /// Connecting, opening a channel or enabling publisher confirms failed.
     #[error("cannot connect to AMQP broker at {url}: {reason}")]
     Connect {
@@ -48,17 +45,14 @@ impl Error {
         matches!(self, Self::Connect { .. } | Self::Topology { .. })
     }
 
-    pub(crate) fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::Config {
-            field: field.into(),
-            reason: reason.into(),
-        }
+    pub(crate) fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Config(ConfigError::new(key, reason))
     }
 }
 
-/// A variable laid over the settings that cannot be read: the variable is the field.
-impl From<pgoutbox_core::settings::VarError> for Error {
-    fn from(e: pgoutbox_core::settings::VarError) -> Self {
-        Self::config(e.var, format!("`{}`: {}", e.value, e.reason))
+/// A variable laid over the settings that cannot be read: the variable is the key.
+impl From<VarError> for Error {
+    fn from(e: VarError) -> Self {
+        Self::Config(e.into())
     }
 }

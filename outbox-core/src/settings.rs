@@ -9,7 +9,8 @@
 //! set with [`WithSetting::with_setting`]. The adapter declares the struct with
 //! [`env_settings!`](crate::env_settings): each field's variable is written once,
 //! next to the field. A config's `from_vars` reads the settings and the envelope
-//! with [`settings_and_envelope`].
+//! with [`settings_and_envelope`]. A setting the adapter cannot use is a
+//! [`ConfigError`], held by the adapter's `Error::Config`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -272,6 +273,53 @@ pub struct VarError {
     pub reason: String,
 }
 
+/// A setting an adapter cannot use: the key (a `[broker.<kind>]` key, an
+/// `[envelope]` key or an environment variable) and why. Every adapter's
+/// `Error::Config` holds one; [`VarError`] and [`EnvelopeConfigError`] convert into
+/// it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {reason}")]
+#[non_exhaustive]
+pub struct ConfigError {
+    /// The setting at fault: its key, its environment variable, or both (e.g.
+    /// `password_file (OUTBOX_AMQP_PASSWORD_FILE)`).
+    pub key: String,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+impl ConfigError {
+    /// `key` refused for `reason`.
+    pub fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The variable is the key; the reason quotes the refused value.
+impl From<VarError> for ConfigError {
+    fn from(e: VarError) -> Self {
+        Self::new(e.var, format!("`{}`: {}", e.value, e.reason))
+    }
+}
+
+/// The key is the `[envelope]` setting at fault (`envelope.format`,
+/// `envelope.source` or `envelope.subject`).
+impl From<EnvelopeConfigError> for ConfigError {
+    fn from(e: EnvelopeConfigError) -> Self {
+        let key = match &e {
+            EnvelopeConfigError::Unknown(_) | EnvelopeConfigError::Mode(_) => "envelope.format",
+            EnvelopeConfigError::SourceMissing | EnvelopeConfigError::Source(_) => {
+                "envelope.source"
+            }
+            EnvelopeConfigError::Subject { .. } => "envelope.subject",
+        };
+        Self::new(key, e.to_string())
+    }
+}
+
 /// Environment variables (or any name/value pairs standing for them), read
 /// with the rules every adapter shares: an empty or blank value counts as unset,
 /// an unparsable one is a [`VarError`] naming the variable.
@@ -369,5 +417,20 @@ mod tests {
             "{err}"
         );
         assert_eq!(vars.with_prefix("P_").collect::<Vec<_>>(), [("ONE", "1")]);
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        let err = ConfigError::from(Vars::new([("N", "x")]).parse::<u32>("N").unwrap_err());
+        assert_eq!(err.key, "N");
+        assert!(err.to_string().starts_with("N: `x`: "), "{err}");
+        let err = ConfigError::from(
+            Envelope::from_settings("cloudevents-binary", None, None).unwrap_err(),
+        );
+        assert_eq!(err.key, "envelope.source");
+        assert!(err.reason.contains("OUTBOX_CLOUDEVENTS_SOURCE"), "{err}");
+        let err = ConfigError::from(Envelope::from_settings("soap", None, None).unwrap_err());
+        assert_eq!(err.key, "envelope.format");
+        assert_eq!(ConfigError::new("k", "why").to_string(), "k: why");
     }
 }

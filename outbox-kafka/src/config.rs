@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pgoutbox_core::envelope::Envelope;
-use pgoutbox_core::settings::{settings_and_envelope, HumanDuration, Vars, WithSetting};
+use pgoutbox_core::settings::{
+    settings_and_envelope, ConfigError, HumanDuration, Vars, WithSetting,
+};
 use rdkafka::config::ClientConfig;
 
 use crate::error::{Error, Result};
@@ -72,11 +74,11 @@ impl KafkaSettings {
     fn with_rdkafka_properties(mut self, vars: &Vars) -> Result<Self> {
         for (name, value) in vars.with_prefix(ENV_RDKAFKA_PREFIX) {
             if name.is_empty() {
-                return Err(Error::InvalidEnv {
-                    var: ENV_RDKAFKA_PREFIX.to_string(),
-                    value: value.to_string(),
-                    reason: "no librdkafka property name after the prefix".into(),
-                });
+                return Err(ConfigError::new(
+                    ENV_RDKAFKA_PREFIX,
+                    format!("`{value}`: no librdkafka property name after the prefix"),
+                )
+                .into());
             }
             self.properties.insert(
                 name.to_ascii_lowercase().replace('_', "."),
@@ -155,10 +157,7 @@ impl KafkaConfig {
     /// Like [`KafkaConfig::from_env`], from the given variables.
     pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
         let (settings, envelope) =
-            settings_and_envelope::<KafkaSettings>(vars, |e| Error::InvalidConfig {
-                field: "envelope",
-                reason: e.to_string(),
-            })?;
+            settings_and_envelope::<KafkaSettings>(vars, |e| Error::Config(e.into()))?;
         Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 
@@ -167,20 +166,23 @@ impl KafkaConfig {
     /// is read here, and `properties` win over it.
     pub fn from_settings(settings: &KafkaSettings) -> Result<Self> {
         let s = settings;
-        let brokers = s.brokers.clone().ok_or_else(|| Error::InvalidConfig {
-            field: "brokers",
-            reason: format!(
-                "not set: set it ({ENV_BROKERS}) to the bootstrap servers, e.g. 127.0.0.1:9092"
-            ),
+        let brokers = s.brokers.clone().ok_or_else(|| {
+            ConfigError::new(
+                "brokers",
+                format!(
+                    "not set: set it ({ENV_BROKERS}) to the bootstrap servers, e.g. 127.0.0.1:9092"
+                ),
+            )
         })?;
         let sasl_password = s
             .sasl_password_file
             .as_deref()
             .map(|path| {
-                pgoutbox_core::read_secret_file(path).map_err(|e| Error::InvalidEnv {
-                    var: format!("sasl_password_file ({ENV_SASL_PASSWORD_FILE})"),
-                    value: path.display().to_string(),
-                    reason: e.to_string(),
+                pgoutbox_core::read_secret_file(path).map_err(|e| {
+                    ConfigError::new(
+                        format!("sasl_password_file ({ENV_SASL_PASSWORD_FILE})"),
+                        e.to_string(),
+                    )
                 })
             })
             .transpose()?;
@@ -309,32 +311,28 @@ impl KafkaConfig {
 
     fn validate(&self) -> Result<()> {
         if self.brokers.trim().is_empty() {
-            return Err(Error::InvalidConfig {
-                field: "brokers",
-                reason: "empty; give host:port[,host:port...]".into(),
-            });
+            return Err(ConfigError::new("brokers", "empty; give host:port[,host:port...]").into());
         }
         let ms = self.delivery_timeout.as_millis();
         if ms == 0 || ms > i32::MAX as u128 {
-            return Err(Error::InvalidConfig {
-                field: "delivery_timeout",
-                reason: format!("{ms} ms; must be between 1 ms and {} ms", i32::MAX),
-            });
+            return Err(ConfigError::new(
+                "delivery_timeout",
+                format!("{ms} ms; must be between 1 ms and {} ms", i32::MAX),
+            )
+            .into());
         }
         if self.queue_timeout.is_zero() {
-            return Err(Error::InvalidConfig {
-                field: "queue_timeout",
-                reason: "must be positive".into(),
-            });
+            return Err(ConfigError::new("queue_timeout", "must be positive").into());
         }
         for topic in self.routing.topics.named() {
             validate_topic(topic)?;
         }
         if let Some(key) = self.client.keys().find(|k| k.trim().is_empty()) {
-            return Err(Error::InvalidConfig {
-                field: "client",
-                reason: format!("empty librdkafka property name {key:?}"),
-            });
+            return Err(ConfigError::new(
+                "client",
+                format!("empty librdkafka property name {key:?}"),
+            )
+            .into());
         }
         Ok(())
     }
@@ -431,6 +429,10 @@ mod tests {
     fn missing_brokers_is_named() {
         let err = KafkaConfig::from_vars([("UNRELATED", "x")]).unwrap_err();
         assert!(err.to_string().contains(ENV_BROKERS), "{err}");
+        assert!(
+            matches!(&err, Error::Config(e) if e.key == "brokers"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -438,6 +440,16 @@ mod tests {
         let err = KafkaConfig::from_vars([(ENV_BROKERS, "a:1"), (ENV_QUEUE_TIMEOUT_MS, "soon")])
             .unwrap_err();
         assert!(err.to_string().contains(ENV_QUEUE_TIMEOUT_MS), "{err}");
+        assert!(
+            matches!(&err, Error::Config(e) if e.key == ENV_QUEUE_TIMEOUT_MS),
+            "{err}"
+        );
+        let err =
+            KafkaConfig::from_vars([(ENV_BROKERS, "a:1"), (ENV_RDKAFKA_PREFIX, "x")]).unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(e) if e.key == ENV_RDKAFKA_PREFIX),
+            "{err}"
+        );
     }
 
     #[test]

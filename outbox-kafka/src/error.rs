@@ -1,5 +1,6 @@
 //! The crate's error type.
 
+use pgoutbox_core::settings::{ConfigError, VarError};
 use rdkafka::error::KafkaError;
 
 /// A `Result` with this crate's [`Error`] as default error.
@@ -9,24 +10,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An environment variable has a value that cannot be used.
-    #[error("environment variable {var}={value:?} is invalid: {reason}")]
-    InvalidEnv {
-        /// The variable.
-        var: String,
-        /// Its value.
-        value: String,
-        /// Why it was refused.
-        reason: String,
-    },
-    /// A configuration value is invalid.
-    #[error("kafka config: {field}: {reason}")]
-    InvalidConfig {
-        /// The setting.
-        field: &'static str,
-        /// Why it was refused.
-        reason: String,
-    },
+    /// A setting (a key or an environment variable) is invalid: its key and why.
+    #[error("invalid Kafka configuration: {0}")]
+    Config(#[from] ConfigError),
     /// A topic name is not a valid Kafka topic name.
     #[error("invalid kafka topic {topic:?}: {reason}")]
     InvalidTopic {
@@ -87,12 +73,9 @@ impl Error {
     }
 }
 
-impl From<pgoutbox_core::settings::VarError> for Error {
-    fn from(e: pgoutbox_core::settings::VarError) -> Self {
-        Self::InvalidEnv {
-            var: e.var,
-            value: e.value,
-            reason: e.reason,
-        }
+/// A variable laid over the settings that cannot be read: the variable is the key.
+impl From<VarError> for Error {
+    fn from(e: VarError) -> Self {
+        Self::Config(e.into())
     }
 }

@@ -101,10 +101,7 @@ impl KafkaPublisher {
         let producer = self.producer();
         tokio::task::spawn_blocking(move || producer.flush(timeout))
             .await
-            .map_err(|e| crate::Error::InvalidConfig {
-                field: "flush",
-                reason: e.to_string(),
-            })??;
+            .map_err(|e| pgoutbox_core::settings::ConfigError::new("flush", e.to_string()))??;
         Ok(())
     }
 

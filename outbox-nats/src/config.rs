@@ -204,9 +204,8 @@ impl NatsConfig {
 
     /// Like [`NatsConfig::from_env`], from the given variables.
     pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
-        let (settings, envelope) = settings_and_envelope::<NatsSettings>(vars, |e| {
-            Error::config("envelope", e.to_string())
-        })?;
+        let (settings, envelope) =
+            settings_and_envelope::<NatsSettings>(vars, |e| Error::Config(e.into()))?;
         Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 
@@ -517,6 +516,10 @@ mod tests {
     fn bad_values_are_named() {
         let err = NatsConfig::from_vars([("OUTBOX_NATS_TIMEOUT_MS", "soon")]).unwrap_err();
         assert!(err.to_string().contains("OUTBOX_NATS_TIMEOUT_MS"), "{err}");
+        assert!(
+            matches!(&err, Error::Config(e) if e.key == "OUTBOX_NATS_TIMEOUT_MS"),
+            "{err}"
+        );
         let err = NatsConfig::from_vars([("OUTBOX_NATS_USER", "u")]).unwrap_err();
         assert!(err.to_string().contains("OUTBOX_NATS_PASSWORD"), "{err}");
         assert!(NatsConfig::new("nats://host:notaport").validate().is_err());

@@ -1,6 +1,8 @@
 //! Errors of the NATS publisher: configuration, connection, stream administration
 //! and reading events back from messages.
 
+use pgoutbox_core::settings::{ConfigError, VarError};
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -8,14 +10,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A configuration value is invalid; nothing was connected.
-    #[error("invalid NATS outbox configuration: {field}: {reason}")]
-    Config {
-        /// The setting (or environment variable) at fault.
-        field: String,
-        /// Why it was refused.
-        reason: String,
-    },
+    /// A setting is invalid (its key and why); nothing was connected.
+    #[error("invalid NATS configuration: {0}")]
+    Config(#[from] ConfigError),
     /// Connecting to the NATS server failed.
     #[error("cannot connect to NATS at {url}: {reason}")]
     Connect {
@@ -49,11 +46,8 @@ impl Error {
         matches!(self, Self::Connect { .. } | Self::JetStream { .. })
     }
 
-    pub(crate) fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::Config {
-            field: field.into(),
-            reason: reason.into(),
-        }
+    pub(crate) fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Config(ConfigError::new(key, reason))
     }
 
     pub(crate) fn jetstream(operation: impl Into<String>, reason: impl std::fmt::Display) -> Self {
@@ -64,9 +58,9 @@ impl Error {
     }
 }
 
-/// A variable laid over the settings that cannot be read: the variable is the field.
-impl From<pgoutbox_core::settings::VarError> for Error {
-    fn from(e: pgoutbox_core::settings::VarError) -> Self {
-        Self::config(e.var, format!("`{}`: {}", e.value, e.reason))
+/// A variable laid over the settings that cannot be read: the variable is the key.
+impl From<VarError> for Error {
+    fn from(e: VarError) -> Self {
+        Self::Config(e.into())
     }
 }

@@ -7,7 +7,7 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 use aws_sdk_sqs::config::{Credentials, Region};
 use pgoutbox_core::envelope::Envelope;
-use pgoutbox_core::settings::{settings_and_envelope, HumanDuration, WithSetting};
+use pgoutbox_core::settings::{settings_and_envelope, ConfigError, HumanDuration, WithSetting};
 
 use crate::error::{Error, Result};
 use crate::publisher::SqsPublisher;
@@ -93,7 +93,8 @@ impl SqsConfig {
 
     /// Like [`SqsConfig::from_env`], from the given variables.
     pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
-        let (settings, envelope) = settings_and_envelope::<SqsSettings>(vars, Error::from)?;
+        let (settings, envelope) =
+            settings_and_envelope::<SqsSettings>(vars, |e| Error::Config(e.into()))?;
         Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 
@@ -229,7 +230,11 @@ impl SqsConfig {
         }
         let sdk = loader.load().await;
         if sdk.region().is_none() {
-            return Err(Error::MissingRegion);
+            return Err(ConfigError::new(
+                "region",
+                "no AWS region; set AWS_REGION, OUTBOX_SQS_REGION or SqsConfig::region",
+            )
+            .into());
         }
         Ok(SqsPublisher::from_client(
             aws_sdk_sqs::Client::new(&sdk),
@@ -243,38 +248,31 @@ impl SqsConfig {
         }
         if let Some(endpoint) = &self.endpoint {
             if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-                return Err(Error::InvalidConfig {
-                    field: "endpoint",
-                    reason: format!("{endpoint:?} is not an http(s) URL"),
-                });
+                return Err(ConfigError::new(
+                    "endpoint",
+                    format!("{endpoint:?} is not an http(s) URL"),
+                )
+                .into());
             }
         }
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
-            return Err(Error::InvalidConfig {
-                field: "timeout",
-                reason: "timeouts must be positive".into(),
-            });
+            return Err(ConfigError::new("timeout", "timeouts must be positive").into());
         }
         if self.max_attempts == 0 {
-            return Err(Error::InvalidConfig {
-                field: "max_attempts",
-                reason: "at least 1".into(),
-            });
+            return Err(ConfigError::new("max_attempts", "at least 1").into());
         }
         if self.max_message_bytes < 1024 {
-            return Err(Error::InvalidConfig {
-                field: "max_message_bytes",
-                reason: format!(
+            return Err(ConfigError::new(
+                "max_message_bytes",
+                format!(
                     "{} is too small; SQS allows 256 KiB",
                     self.max_message_bytes
                 ),
-            });
+            )
+            .into());
         }
         if self.concurrency == 0 {
-            return Err(Error::InvalidConfig {
-                field: "concurrency",
-                reason: "at least 1".into(),
-            });
+            return Err(ConfigError::new("concurrency", "at least 1").into());
         }
         Ok(())
     }
@@ -300,6 +298,15 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_millis(2500));
         let err = SqsConfig::from_vars([(ENV_TIMEOUT_MS, "soon")]).unwrap_err();
         assert!(err.to_string().contains(ENV_TIMEOUT_MS), "{err}");
+        assert!(
+            matches!(&err, Error::Config(e) if e.key == ENV_TIMEOUT_MS),
+            "{err}"
+        );
+        let err = SqsConfig::from_vars([("OUTBOX_ENVELOPE", "cloudevents-binary")]).unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(e) if e.key == "envelope.source"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The crate's error type.
 
+use pgoutbox_core::settings::{ConfigError, VarError};
+
 /// A `Result` with this crate's [`Error`] as default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -7,27 +9,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An environment variable has a value that cannot be used.
-    #[error("environment variable {var}={value:?} is invalid: {reason}")]
-    InvalidEnv {
-        /// The variable.
-        var: String,
-        /// Its value.
-        value: String,
-        /// Why it was refused.
-        reason: String,
-    },
-    /// A configuration value is invalid.
-    #[error("sqs config: {field}: {reason}")]
-    InvalidConfig {
-        /// The setting.
-        field: &'static str,
-        /// Why it was refused.
-        reason: String,
-    },
-    /// No AWS region was found.
-    #[error("sqs config: no AWS region; set AWS_REGION, OUTBOX_SQS_REGION or SqsConfig::region")]
-    MissingRegion,
+    /// A setting (a key, an environment variable or the envelope) is invalid, or
+    /// no AWS region was found (key `region`): its key and why.
+    #[error("invalid SQS configuration: {0}")]
+    Config(#[from] ConfigError),
     /// A queue name or URL is not valid.
     #[error("invalid SQS queue {queue:?}: {reason}")]
     InvalidQueue {
@@ -54,9 +39,6 @@ pub enum Error {
     /// outbox sends is missing or malformed).
     #[error("SQS message: {0}")]
     CloudEvent(pgoutbox_core::envelope::EnvelopeError),
-    /// An envelope setting is invalid.
-    #[error("SQS envelope: {0}")]
-    Envelope(#[from] pgoutbox_core::envelope::EnvelopeConfigError),
 }
 
 impl Error {
@@ -66,12 +48,9 @@ impl Error {
     }
 }
 
-impl From<pgoutbox_core::settings::VarError> for Error {
-    fn from(e: pgoutbox_core::settings::VarError) -> Self {
-        Self::InvalidEnv {
-            var: e.var,
-            value: e.value,
-            reason: e.reason,
-        }
+/// A variable laid over the settings that cannot be read: the variable is the key.
+impl From<VarError> for Error {
+    fn from(e: VarError) -> Self {
+        Self::Config(e.into())
     }
 }

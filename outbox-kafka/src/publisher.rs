@@ -12,7 +12,7 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::KafkaConfig;
 use crate::envelope;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::routing::Topics;
 
 /// Pause between attempts to queue a message while librdkafka's queue is full.
@@ -99,10 +99,13 @@ impl KafkaPublisher {
     /// Wait up to `timeout` for every queued message to be delivered.
     pub async fn flush(&self, timeout: Duration) -> Result<()> {
         let producer = self.producer();
-        tokio::task::spawn_blocking(move || producer.flush(timeout))
-            .await
-            .map_err(|e| pgoutbox_core::settings::ConfigError::new("flush", e.to_string()))??;
-        Ok(())
+        match tokio::task::spawn_blocking(move || producer.flush(timeout)).await {
+            Ok(flushed) => Ok(flushed?),
+            // A panic while flushing is a panic of this call.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down: the flush did not run to its end.
+            Err(_) => Err(Error::Client(KafkaError::Canceled)),
+        }
     }
 
     /// An idempotent producer that hit a fatal error (e.g. a broken sequence) refuses

@@ -31,6 +31,15 @@
 //!    which every one of those producers' events is visible (or was rolled back).
 //!    The start becomes the lower of the first front and this observation's front.
 //!
+//! When the first observation lists no producer (a backlog drained after the
+//! producers stopped, a quiet moment), those that could commit below its front
+//! had all ended before it completed: the next observation is the third, and
+//! the start trails the front by one or two observations instead of two to
+//! four. Under a held snapshot each claim steps over the index entries of
+//! everything published since the start's observation (no walk may mark them
+//! dead while the snapshot may still see their rows), so the shorter the trail,
+//! the less a drain pays.
+//!
 //! Producers are the transactions holding a lock on the events table's sequence,
 //! listed by their virtual ids: `nextval` takes that lock before it hands out a
 //! number and keeps it until the transaction ends, so a producer is listed from the
@@ -303,11 +312,16 @@ impl WalkStart {
 
 impl Candidate {
     fn new(front: i64, seen: Observation) -> Self {
+        // No producer listed: every producer that could still commit an event
+        // below the front had ended before the list was read, so before this
+        // observation completed. The second observation is not needed; the next
+        // one confirms.
+        let all_ended_at = seen.running.is_empty().then_some(seen.completed);
         Self {
             front,
             running: seen.running.into_iter().collect(),
             seen_at: seen.completed,
-            all_ended_at: None,
+            all_ended_at,
         }
     }
 }
@@ -358,6 +372,33 @@ mod tests {
     }
 
     #[test]
+    fn with_no_producer_listed_the_next_observation_confirms() {
+        let mut clock = Clock(Instant::now());
+        let start = WalkStart::new(clock.0);
+        let overlapping = clock.tick();
+        start.observed(clock.observation(Some(100), &[]));
+        assert_eq!(start.from(), i64::MIN);
+        // Begun before the candidate's observation completed: it counts for nothing.
+        let completed = clock.tick();
+        start.observed(Observation {
+            front: Some(110),
+            running: Vec::new(),
+            started: overlapping,
+            completed,
+        });
+        assert_eq!(start.from(), i64::MIN);
+        start.observed(clock.observation(Some(120), &[]));
+        assert_eq!(start.from(), 100, "the lower of the two fronts");
+        start.observed(clock.observation(Some(130), &["9/1"]));
+        assert_eq!(start.from(), 120);
+        // 130 was seen with a producer running: the three steps again.
+        start.observed(clock.observation(Some(140), &[]));
+        assert_eq!(start.from(), 120, "9/1 ended; one more look");
+        start.observed(clock.observation(Some(150), &[]));
+        assert_eq!(start.from(), 130);
+    }
+
+    #[test]
     fn an_observation_that_overlapped_the_candidates_counts_for_nothing() {
         let mut clock = Clock(Instant::now());
         let start = WalkStart::new(clock.0);
@@ -382,7 +423,7 @@ mod tests {
     fn the_start_stays_where_it_is_however_long_nothing_moves_it() {
         let mut clock = Clock(Instant::now());
         let start = WalkStart::new(clock.0);
-        for front in [10, 20, 30] {
+        for front in [10, 20] {
             start.observed(clock.observation(Some(front), &[]));
         }
         assert_eq!(start.from(), 10);
@@ -394,7 +435,7 @@ mod tests {
     fn an_event_found_below_the_start_takes_it_back_there() {
         let mut clock = Clock(Instant::now());
         let start = WalkStart::new(clock.0);
-        for front in [10, 20, 30] {
+        for front in [10, 20] {
             start.observed(clock.observation(Some(front), &[]));
         }
         assert_eq!(start.from(), 10);
@@ -425,7 +466,7 @@ mod tests {
     fn a_slow_look_below_waits_a_hundred_times_its_duration() {
         let mut clock = Clock(Instant::now());
         let start = WalkStart::new(clock.0);
-        for front in [10, 20, 30] {
+        for front in [10, 20] {
             start.observed(clock.observation(Some(front), &[]));
         }
         let due = clock.tick() + LOOK_BELOW_EVERY;
@@ -453,7 +494,7 @@ mod tests {
         assert_eq!(start.from(), 500, "read once");
         assert_eq!(start.save_due(clock.tick()), None, "what was read is saved");
         // Observations move it on, never back below the saved start.
-        for front in [400, 700, 800] {
+        for front in [400, 700] {
             start.observed(clock.observation(Some(front), &[]));
         }
         assert_eq!(
@@ -478,7 +519,7 @@ mod tests {
             None,
             "the beginning is not saved"
         );
-        for front in [10, 20, 30] {
+        for front in [10, 20] {
             start.observed(clock.observation(Some(front), &[]));
         }
         let now = clock.tick();

@@ -624,12 +624,12 @@ impl Sql {
             // stops at them as for expired holds), so that only the aggregate index's
             // predicate holds and the pending index cannot serve it. A generic plan
             // without statistics otherwise scanned the whole seq range once per key,
-            // a claim's cost growing with the backlog. Held aggregates are left out by the walk's own check
-            // (`not_held`: one probe of the holds table per key). Then each expired
-            // hold's first $8 events from its `from_seq` ($7; the store passes
-            // i64::MIN for NULL), through the aggregate index: never below it, where
-            // the index keeps the entries of the aggregate's published events until
-            // vacuum removes them.
+            // a claim's cost growing with the backlog. Held aggregates are left out
+            // by the walk's own check (`not_held`: one probe of the holds table per
+            // key). Then each expired hold's first $8 events from its `from_seq` ($7;
+            // the store passes i64::MIN for NULL), through the aggregate index: never
+            // below it, where the index keeps the entries of the aggregate's
+            // published events until vacuum removes them.
             // Not-due rows and dead letters come back flagged; the store ends each
             // run before a not-due row and steps over (Release) or stops at (Block)
             // a dead letter.

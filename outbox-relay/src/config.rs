@@ -405,26 +405,33 @@ impl Settings {
     }
 }
 
-/// Read `path` (if any), apply the environment, validate.
+/// Read `path` (if any), lay the environment over it, validate.
 pub(crate) fn load(path: Option<&Path>) -> Result<Settings, Failure> {
-    let mut file = match path {
-        Some(path) => parse_file(path)?,
-        None => FileConfig::default(),
+    let text = match path {
+        Some(path) => Some(Arc::new(ConfigText {
+            path: path.display().to_string(),
+            text: std::fs::read_to_string(path).map_err(|e| {
+                Failure::config(format!("cannot read config file {}: {e}", path.display()))
+            })?,
+        })),
+        None => None,
     };
-    apply_env(&mut file, |name| std::env::var(name).ok()).map_err(Failure::config)?;
+    let mut table = match &text {
+        Some(file) => parse_table(&file.text)
+            .map_err(|e| Failure::config(format!("config file {}{e}", file.path)))?,
+        None => toml::Table::new(),
+    };
+    apply_env(&mut table, |name| std::env::var(name).ok()).map_err(Failure::config)?;
+    let mut file = file_config(table).map_err(|e| Failure::config(e.message()))?;
+    file.broker.text = text;
     validate(file)
 }
 
-fn parse_file(path: &Path) -> Result<FileConfig, Failure> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Failure::config(format!("cannot read config file {}: {e}", path.display())))?;
-    let mut file = parse_str(&text)
-        .map_err(|e| Failure::config(format!("config file {}{e}", path.display())))?;
-    file.broker.text = Some(Arc::new(ConfigText {
-        path: path.display().to_string(),
-        text,
-    }));
-    Ok(file)
+/// The file's text as a table, once its sections have been read from it (so that
+/// an error names its line); the error is `, line N: message`.
+fn parse_table(text: &str) -> Result<toml::Table, String> {
+    parse_str(text)?;
+    text.parse().map_err(|e| toml_error(text, &e))
 }
 
 /// Parse TOML text; the error is `, line N: message` (one line, for the prefix above).
@@ -463,134 +470,105 @@ pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
     format!("{line}: {message}")
 }
 
-/// Environment variables that override the file, and what they set.
-pub(crate) const ENV_VARS: &[(&str, &str)] = &[
-    ("OUTBOX_DATABASE_URL", "database.url"),
-    ("OUTBOX_DATABASE_PASSWORD_FILE", "database.password_file"),
-    (
-        "OUTBOX_DATABASE_MAX_CONNECTIONS",
-        "database.max_connections",
-    ),
-    ("OUTBOX_SCHEMA", "tables.schema"),
-    ("OUTBOX_EVENTS_TABLE", "tables.events_table"),
-    ("OUTBOX_INBOX_TABLE", "tables.inbox_table"),
-    ("OUTBOX_BROKER", "broker.kind"),
-    ("OUTBOX_BATCH_SIZE", "relay.batch_size"),
-    ("OUTBOX_WORKERS", "relay.workers"),
-    ("OUTBOX_POLL_INTERVAL", "relay.poll_interval"),
-    ("OUTBOX_PUBLISH_TIMEOUT", "relay.publish_timeout"),
-    ("OUTBOX_BROKER_PROBE_MAX", "relay.broker_probe_max"),
-    ("OUTBOX_ORDERING", "relay.ordering"),
-    ("OUTBOX_SYNCHRONOUS_COMMIT", "relay.synchronous_commit"),
-    ("OUTBOX_SHUTDOWN_TIMEOUT", "relay.shutdown_timeout"),
-    ("OUTBOX_WAKEUP", "relay.wakeup"),
-    ("OUTBOX_MAX_ATTEMPTS", "retry.max_attempts"),
-    ("OUTBOX_RETENTION", "retention.published"),
-    ("OUTBOX_HTTP_LISTEN", "http.listen"),
-    ("OUTBOX_HTTP_STUCK_AFTER", "http.stuck_after"),
-    ("OUTBOX_CONSOLE", "console.enabled"),
-    ("OUTBOX_CONSOLE_TOKEN_FILE", "console.token_file"),
-    (envelope::VAR_ENVELOPE, "envelope.format"),
-    (envelope::VAR_CLOUDEVENTS_SOURCE, "envelope.source"),
-    (envelope::VAR_CLOUDEVENTS_SUBJECT, "envelope.subject"),
-    ("OUTBOX_WAL", "wal.enabled"),
-    ("OUTBOX_WAL_SLOT", "wal.slot"),
-    ("OUTBOX_WAL_REPLICATION_URL", "wal.replication_url"),
+/// How an environment variable's text becomes the value of its key.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// As written (trimmed): strings, durations, retention, enum names.
+    Text,
+    /// A whole number.
+    Number,
+    /// On or off ([`flag`]).
+    Switch,
+}
+
+/// Environment variables that override the file: the key each one sets, as if the
+/// file held it.
+#[rustfmt::skip]
+const ENV_VARS: &[(&str, &str, Kind)] = &[
+    ("OUTBOX_DATABASE_URL",             "database.url",             Kind::Text),
+    ("OUTBOX_DATABASE_PASSWORD_FILE",   "database.password_file",   Kind::Text),
+    ("OUTBOX_DATABASE_MAX_CONNECTIONS", "database.max_connections", Kind::Number),
+    ("OUTBOX_SCHEMA",                   "tables.schema",            Kind::Text),
+    ("OUTBOX_EVENTS_TABLE",             "tables.events_table",      Kind::Text),
+    ("OUTBOX_INBOX_TABLE",              "tables.inbox_table",       Kind::Text),
+    ("OUTBOX_BROKER",                   "broker.kind",              Kind::Text),
+    ("OUTBOX_BATCH_SIZE",               "relay.batch_size",         Kind::Number),
+    ("OUTBOX_WORKERS",                  "relay.workers",            Kind::Number),
+    ("OUTBOX_POLL_INTERVAL",            "relay.poll_interval",      Kind::Text),
+    ("OUTBOX_PUBLISH_TIMEOUT",          "relay.publish_timeout",    Kind::Text),
+    ("OUTBOX_BROKER_PROBE_MAX",         "relay.broker_probe_max",   Kind::Text),
+    ("OUTBOX_ORDERING",                 "relay.ordering",           Kind::Switch),
+    ("OUTBOX_SYNCHRONOUS_COMMIT",       "relay.synchronous_commit", Kind::Switch),
+    ("OUTBOX_SHUTDOWN_TIMEOUT",         "relay.shutdown_timeout",   Kind::Text),
+    ("OUTBOX_WAKEUP",                   "relay.wakeup",             Kind::Text),
+    ("OUTBOX_MAX_ATTEMPTS",             "retry.max_attempts",       Kind::Number),
+    ("OUTBOX_RETENTION",                "retention.published",      Kind::Text),
+    ("OUTBOX_HTTP_LISTEN",              "http.listen",              Kind::Text),
+    ("OUTBOX_HTTP_STUCK_AFTER",         "http.stuck_after",         Kind::Text),
+    ("OUTBOX_CONSOLE",                  "console.enabled",          Kind::Switch),
+    ("OUTBOX_CONSOLE_TOKEN_FILE",       "console.token_file",       Kind::Text),
+    (envelope::VAR_ENVELOPE,            "envelope.format",          Kind::Text),
+    (envelope::VAR_CLOUDEVENTS_SOURCE,  "envelope.source",          Kind::Text),
+    (envelope::VAR_CLOUDEVENTS_SUBJECT, "envelope.subject",         Kind::Text),
+    ("OUTBOX_WAL",                      "wal.enabled",              Kind::Switch),
+    ("OUTBOX_WAL_SLOT",                 "wal.slot",                 Kind::Text),
+    ("OUTBOX_WAL_REPLICATION_URL",      "wal.replication_url",      Kind::Text),
 ];
 
-/// Apply every `OUTBOX_*` override that is set and not empty.
-pub(crate) fn apply_env(
-    file: &mut FileConfig,
-    var: impl Fn(&str) -> Option<String>,
-) -> Result<(), String> {
-    for (name, _) in ENV_VARS {
+/// Lay every `OUTBOX_*` variable that is set and not empty over the file's `table`:
+/// each sets its key, so the file's rules (the sections' types) are the only
+/// rules. A value its key refuses is an error naming the variable, and is not laid
+/// over `table`.
+fn apply_env(table: &mut toml::Table, var: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+    for (name, key, kind) in ENV_VARS {
         let Some(value) = var(name).filter(|v| !v.trim().is_empty()) else {
             continue;
         };
         let bad = |reason: String| format!("environment variable {name}=`{value}`: {reason}");
-        let number = |v: &str| v.trim().parse::<u64>().map_err(|e| bad(e.to_string()));
-        let duration = |v: &str| parse_duration(v).map(Dur).map_err(&bad);
-        let switch = |v: &str| flag(v).ok_or_else(|| bad("expected true or false".into()));
-        match *name {
-            "OUTBOX_DATABASE_URL" => file.database.url = Some(value.clone()),
-            "OUTBOX_DATABASE_PASSWORD_FILE" => {
-                file.database.password_file = Some(PathBuf::from(value.trim()));
-            }
-            "OUTBOX_DATABASE_MAX_CONNECTIONS" => {
-                file.database.max_connections =
-                    Some(u32::try_from(number(&value)?).map_err(|e| bad(e.to_string()))?);
-            }
-            "OUTBOX_SCHEMA" => file.tables.get_or_insert_default().schema = value.clone(),
-            "OUTBOX_EVENTS_TABLE" => {
-                file.tables.get_or_insert_default().events_table = value.clone();
-            }
-            "OUTBOX_INBOX_TABLE" => {
-                file.tables.get_or_insert_default().inbox_table = value.clone();
-            }
-            "OUTBOX_BROKER" => file.broker.kind = value.trim().to_string(),
-            "OUTBOX_BATCH_SIZE" => {
-                file.relay.batch_size =
-                    usize::try_from(number(&value)?).map_err(|e| bad(e.to_string()))?;
-            }
-            "OUTBOX_WORKERS" => {
-                file.relay.workers =
-                    usize::try_from(number(&value)?).map_err(|e| bad(e.to_string()))?;
-            }
-            "OUTBOX_POLL_INTERVAL" => file.relay.poll_interval = duration(&value)?,
-            "OUTBOX_PUBLISH_TIMEOUT" => file.relay.publish_timeout = duration(&value)?,
-            "OUTBOX_BROKER_PROBE_MAX" => file.relay.broker_probe_max = duration(&value)?,
-            "OUTBOX_SHUTDOWN_TIMEOUT" => file.relay.shutdown_timeout = duration(&value)?,
-            "OUTBOX_ORDERING" => {
-                file.relay.ordering = switch(&value)?;
-            }
-            "OUTBOX_SYNCHRONOUS_COMMIT" => {
-                file.relay.synchronous_commit = switch(&value)?;
-            }
-            "OUTBOX_WAKEUP" => {
-                file.relay.wakeup = match value.trim() {
-                    "adaptive" => WakeupMode::Adaptive,
-                    "poll" => WakeupMode::Poll,
-                    "notify" => WakeupMode::Notify,
-                    _ => return Err(bad("expected adaptive, poll or notify".into())),
-                };
-            }
-            "OUTBOX_MAX_ATTEMPTS" => {
-                file.retry.max_attempts =
-                    u32::try_from(number(&value)?).map_err(|e| bad(e.to_string()))?;
-            }
-            "OUTBOX_RETENTION" => {
-                file.retention.published = PublishedRetention::parse(&value).map_err(&bad)?;
-            }
-            "OUTBOX_HTTP_LISTEN" => file.http.listen = value.trim().to_string(),
-            "OUTBOX_HTTP_STUCK_AFTER" => file.http.stuck_after = Some(duration(&value)?),
-            "OUTBOX_CONSOLE" => file.console.enabled = switch(&value)?,
-            "OUTBOX_CONSOLE_TOKEN_FILE" => {
-                file.console.token_file = Some(PathBuf::from(value.trim()));
-            }
-            envelope::VAR_ENVELOPE => file.envelope.format = Some(value.trim().to_string()),
-            envelope::VAR_CLOUDEVENTS_SOURCE => file.envelope.source = Some(value.clone()),
-            envelope::VAR_CLOUDEVENTS_SUBJECT => file.envelope.subject = Some(value.clone()),
-            "OUTBOX_WAL" => {
-                file.wal.enabled = switch(&value)?;
-            }
-            "OUTBOX_WAL_SLOT" => file.wal.slot = Some(value.trim().to_string()),
-            "OUTBOX_WAL_REPLICATION_URL" => file.wal.replication_url = Some(value.clone()),
-            _ => {}
-        }
+        let text = value.trim();
+        let setting = match kind {
+            Kind::Text => toml::Value::String(text.to_string()),
+            Kind::Number => toml::Value::Integer(text.parse().map_err(|e| bad(format!("{e}")))?),
+            Kind::Switch => toml::Value::Boolean(
+                flag(text).ok_or_else(|| bad("expected true or false".into()))?,
+            ),
+        };
+        // The value alone, read as the file would be: an error here is this
+        // variable's.
+        let mut alone = toml::Table::new();
+        set_key(&mut alone, key, setting.clone());
+        file_config(alone).map_err(|e| bad(e.message().to_string()))?;
+        set_key(table, key, setting);
     }
     // The variable most tools (sqlx, Heroku-style platforms) set, when neither the
     // file nor OUTBOX_DATABASE_URL names a database.
-    if file
-        .database
-        .url
-        .as_deref()
-        .is_none_or(|u| u.trim().is_empty())
-    {
+    let url_set = table
+        .get("database")
+        .and_then(|d| d.get("url"))
+        .and_then(toml::Value::as_str)
+        .is_some_and(|u| !u.trim().is_empty());
+    if !url_set {
         if let Some(url) = var("DATABASE_URL").filter(|v| !v.trim().is_empty()) {
-            file.database.url = Some(url);
+            set_key(table, "database.url", toml::Value::String(url));
         }
     }
     Ok(())
+}
+
+/// Set `section.key` of `table`, creating the section.
+fn set_key(table: &mut toml::Table, key: &str, value: toml::Value) {
+    let (section, key) = key.split_once('.').expect("keys are section.key");
+    if let toml::Value::Table(section) = table
+        .entry(section)
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+    {
+        section.insert(key.to_string(), value);
+    }
+}
+
+/// The file's sections from a table.
+fn file_config(table: toml::Table) -> Result<FileConfig, toml::de::Error> {
+    toml::Value::Table(table).try_into()
 }
 
 /// An on/off environment value: `true`/`1`/`on`/`yes` or `false`/`0`/`off`/`no`.
@@ -1019,30 +997,65 @@ mod tests {
 
     #[test]
     fn env_overrides_the_file() {
-        let mut f = parse_str("[relay]\nbatch_size = 10\n").unwrap();
-        apply_env(&mut f, |n| match n {
+        let mut t = parse_table("[relay]\nbatch_size = 10\n").unwrap();
+        apply_env(&mut t, |n| match n {
             "OUTBOX_BATCH_SIZE" => Some("50".into()),
             "OUTBOX_RETENTION" => Some("delete".into()),
             "OUTBOX_DATABASE_URL" => Some("postgres://x/y".into()),
             _ => None,
         })
         .unwrap();
-        assert_eq!(f.relay.batch_size, 50);
+        assert_eq!(file_config(t.clone()).unwrap().relay.batch_size, 50);
         let err =
-            apply_env(&mut f, |n| (n == "OUTBOX_WORKERS").then(|| "many".into())).unwrap_err();
+            apply_env(&mut t, |n| (n == "OUTBOX_WORKERS").then(|| "many".into())).unwrap_err();
         assert!(err.contains("OUTBOX_WORKERS"), "{err}");
     }
 
     #[test]
+    fn every_variable_names_a_key_of_the_file() {
+        for (name, key, kind) in ENV_VARS {
+            let value = match kind {
+                Kind::Number => "1",
+                Kind::Switch => "on",
+                Kind::Text if *key == "relay.wakeup" => "poll",
+                Kind::Text => "1s",
+            };
+            let mut t = toml::Table::new();
+            apply_env(&mut t, |n| (n == *name).then(|| value.into()))
+                .unwrap_or_else(|e| panic!("{name} ({key}): {e}"));
+            let (section, field) = key.split_once('.').unwrap();
+            assert!(t[section].get(field).is_some(), "{name} sets {key}: {t:?}");
+        }
+        let err = apply_env(&mut toml::Table::new(), |n| {
+            (n == "OUTBOX_WAKEUP").then(|| "often".into())
+        })
+        .unwrap_err();
+        assert!(
+            err.contains("OUTBOX_WAKEUP") && err.contains("often"),
+            "{err}"
+        );
+        let mut t = toml::Table::new();
+        apply_env(&mut t, |n| (n == "OUTBOX_SCHEMA").then(|| "orders".into())).unwrap();
+        assert_eq!(file_config(t).unwrap().tables.unwrap().schema, "orders");
+        let docs = include_str!("../../docs/operations.md");
+        for (name, key, _) in ENV_VARS {
+            let row = format!("| `{name}` | `{key}` |");
+            assert!(docs.contains(&row), "docs/operations.md lacks {row}");
+        }
+    }
+
+    #[test]
     fn broker_probe_max_from_the_environment() {
-        let mut f = parse_str("[relay]\nbroker_probe_max = \"30s\"\n").unwrap();
+        let mut t = parse_table("[relay]\nbroker_probe_max = \"30s\"\n").unwrap();
+        let f = file_config(t.clone()).unwrap();
         assert_eq!(f.relay.broker_probe_max.0, Duration::from_secs(30));
-        apply_env(&mut f, |n| {
+        apply_env(&mut t, |n| {
             (n == "OUTBOX_BROKER_PROBE_MAX").then(|| "2s".into())
         })
         .unwrap();
+        let f = file_config(t.clone()).unwrap();
         assert_eq!(f.relay.broker_probe_max.0, Duration::from_secs(2));
-        let err = apply_env(&mut f, |n| {
+        let err = apply_env(&mut t, |n| {
             (n == "OUTBOX_BROKER_PROBE_MAX").then(|| "soon".into())
         })
         .unwrap_err();
@@ -1051,22 +1064,23 @@ mod tests {
 
     #[test]
     fn synchronous_commit_from_the_environment() {
-        let mut f = parse_str(
+        let mut t = parse_table(
             "[relay]
 synchronous_commit = true
 ",
         )
         .unwrap();
-        apply_env(&mut f, |n| {
+        apply_env(&mut t, |n| {
             (n == "OUTBOX_SYNCHRONOUS_COMMIT").then(|| "false".into())
         })
         .unwrap();
-        assert!(!f.relay.synchronous_commit);
-        let err = apply_env(&mut f, |n| {
+        assert!(!file_config(t.clone()).unwrap().relay.synchronous_commit);
+        let err = apply_env(&mut t, |n| {
             (n == "OUTBOX_SYNCHRONOUS_COMMIT").then(|| "sometimes".into())
         })
         .unwrap_err();
         assert!(err.contains("OUTBOX_SYNCHRONOUS_COMMIT"), "{err}");
+        let f = file_config(t).unwrap();
         assert!(!f.relay.synchronous_commit, "a bad value changes nothing");
     }
 
@@ -1076,18 +1090,19 @@ synchronous_commit = true
             "DATABASE_URL" => Some("postgres://fallback/db".into()),
             _ => None,
         };
-        let mut none = FileConfig::default();
-        apply_env(&mut none, lookup).unwrap();
+        let with_env = |text: &str, var: &dyn Fn(&str) -> Option<String>| {
+            let mut table = parse_table(text).unwrap();
+            apply_env(&mut table, var).unwrap();
+            file_config(table).unwrap()
+        };
+        let none = with_env("", &lookup);
         assert_eq!(none.database.url.as_deref(), Some("postgres://fallback/db"));
-        let mut in_file = parse_str("[database]\nurl = \"postgres://file/db\"\n").unwrap();
-        apply_env(&mut in_file, lookup).unwrap();
+        let in_file = with_env("[database]\nurl = \"postgres://file/db\"\n", &lookup);
         assert_eq!(in_file.database.url.as_deref(), Some("postgres://file/db"));
-        let mut from_outbox_var = FileConfig::default();
-        apply_env(&mut from_outbox_var, |n| match n {
+        let from_outbox_var = with_env("", &|n| match n {
             "OUTBOX_DATABASE_URL" => Some("postgres://outbox/db".into()),
             other => lookup(other),
-        })
-        .unwrap();
+        });
         assert_eq!(
             from_outbox_var.database.url.as_deref(),
             Some("postgres://outbox/db")
@@ -1146,14 +1161,14 @@ synchronous_commit = true
         assert!(!d.console.enabled);
         assert_eq!(d.console.token_file, None);
         assert_eq!(d.console.sample_interval, Duration::from_secs(5));
-        let mut f = parse_str("[console]\nenabled = false\n").unwrap();
-        apply_env(&mut f, |n| match n {
+        let mut t = parse_table("[console]\nenabled = false\n").unwrap();
+        apply_env(&mut t, |n| match n {
             "OUTBOX_CONSOLE" => Some("true".into()),
             "OUTBOX_CONSOLE_TOKEN_FILE" => Some("/run/token".into()),
             _ => None,
         })
         .unwrap();
-        let s = validate(f).unwrap();
+        let s = validate(file_config(t).unwrap()).unwrap();
         assert!(s.console.enabled);
         assert_eq!(s.console.token_file, Some(PathBuf::from("/run/token")));
         let off = parse_str("[http]\nlisten = \"0\"\n[console]\nenabled = true\n").unwrap();

@@ -83,6 +83,10 @@ struct Window {
     end_secs: u64,
     p50_ms: f64,
     p99_ms: f64,
+    /// p99 of the producers' own `INSERT`s (sent to committed) in the window: a
+    /// stall of the server's commits shows here as well as in `p99_ms`, a stall
+    /// of the relay only there.
+    commit_p99_ms: f64,
     published_per_s: f64,
     backlog: u64,
     dead_tuples: i64,
@@ -159,15 +163,17 @@ fn report(args: &HorizonArgs, runs: &[Run]) -> Report {
                 .map_or("-".to_string(), |r| format!("{r:.0} events/s"))
         ));
         lines.push(
-            "  window end s | p50 ms | p99 ms | published/s | backlog | dead tuples | index MB"
+            "  window end s | p50 ms | p99 ms | commit p99 ms | published/s | backlog | dead tuples \
+             | index MB"
                 .to_string(),
         );
         for w in &run.windows {
             lines.push(format!(
-                "  {:>12} | {:>6.1} | {:>6.1} | {:>11.0} | {:>7} | {:>11} | {:>8.1}",
+                "  {:>12} | {:>6.1} | {:>6.1} | {:>13.1} | {:>11.0} | {:>7} | {:>11} | {:>8.1}",
                 w.end_secs,
                 w.p50_ms,
                 w.p99_ms,
+                w.commit_p99_ms,
                 w.published_per_s,
                 w.backlog,
                 w.dead_tuples,
@@ -217,6 +223,7 @@ fn report(args: &HorizonArgs, runs: &[Run]) -> Report {
                 "drain_per_s": r.drain_per_s,
                 "windows": r.windows.iter().map(|w| json!({
                     "end_secs": w.end_secs, "p50_ms": w.p50_ms, "p99_ms": w.p99_ms,
+                    "commit_p99_ms": w.commit_p99_ms,
                     "published_per_s": w.published_per_s, "backlog": w.backlog,
                     "dead_tuples": w.dead_tuples, "index_bytes": w.index_bytes,
                 })).collect::<Vec<_>>(),
@@ -224,6 +231,15 @@ fn report(args: &HorizonArgs, runs: &[Run]) -> Report {
             "target_met": met,
         }),
     }
+}
+
+/// One produced event: its id, the instant just before its `INSERT` was sent, and
+/// the instant its commit returned.
+#[derive(Debug, Clone, Copy)]
+struct Stamp {
+    id: Uuid,
+    sent: Instant,
+    committed: Instant,
 }
 
 /// Arrival instants of the events the relay printed, by id.
@@ -377,15 +393,11 @@ fn insert_statement() -> String {
 }
 
 /// Insert `rate` events a second for `seconds` (round robin over `aggregates`),
-/// one autocommit `INSERT` each; each event's id and the instant just before its
-/// `INSERT` was sent, in commit order (roughly).
-async fn produce(
-    pool: &PgPool,
-    rate: u64,
-    seconds: u64,
-    aggregates: u64,
-) -> Result<Vec<(Uuid, Instant)>> {
-    let stamps: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
+/// one autocommit `INSERT` each; each event's id, the instant just before its
+/// `INSERT` was sent and the instant its commit returned, in commit order
+/// (roughly).
+async fn produce(pool: &PgPool, rate: u64, seconds: u64, aggregates: u64) -> Result<Vec<Stamp>> {
+    let stamps: Arc<Mutex<Vec<Stamp>>> = Arc::default();
     let statement = Arc::new(insert_statement());
     let period = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
     let mut ticks = tokio::time::interval(period);
@@ -403,8 +415,13 @@ async fn produce(
                 .bind(serde_json::json!({ "n": i }))
                 .execute(&pool)
                 .await?;
+            let committed = Instant::now();
             if let Ok(mut stamps) = stamps.lock() {
-                stamps.push((id, sent));
+                stamps.push(Stamp {
+                    id,
+                    sent,
+                    committed,
+                });
             }
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
         });
@@ -471,9 +488,12 @@ async fn run(url: &str, args: &HorizonArgs, binary: &Path, arm: Arm, seconds: u6
     let states = sampler.await.map_err(|e| format!("sampler: {e}"))?;
     let arrivals_now = arrivals.lock().map(|a| a.clone()).unwrap_or_default();
 
-    let latency =
-        |id: &Uuid, sent: &Instant| arrivals_now.get(id).map(|at| latency_millis(*sent, *at));
-    let mut all: Vec<f64> = stamps.iter().filter_map(|(id, s)| latency(id, s)).collect();
+    let latency = |s: &Stamp| {
+        arrivals_now
+            .get(&s.id)
+            .map(|at| latency_millis(s.sent, *at))
+    };
+    let mut all: Vec<f64> = stamps.iter().filter_map(latency).collect();
     all.sort_by(f64::total_cmp);
     let lost = stamps.len() - all.len();
     let mut windows = Vec::new();
@@ -484,17 +504,18 @@ async fn run(url: &str, args: &HorizonArgs, binary: &Path, arm: Arm, seconds: u6
             started + window * k as u32,
             started + window * (k as u32 + 1),
         );
-        let mut ms: Vec<f64> = stamps
-            .iter()
-            .filter(|(_, s)| *s >= from && *s < to)
-            .filter_map(|(id, s)| latency(id, s))
-            .collect();
+        let in_window = || stamps.iter().filter(|s| s.sent >= from && s.sent < to);
+        let mut ms: Vec<f64> = in_window().filter_map(latency).collect();
         ms.sort_by(f64::total_cmp);
+        let mut commit_ms: Vec<f64> = in_window()
+            .map(|s| latency_millis(s.sent, s.committed))
+            .collect();
+        commit_ms.sort_by(f64::total_cmp);
         let published = arrivals_now
             .values()
             .filter(|at| **at >= from && **at < to)
             .count();
-        let produced_by = stamps.iter().filter(|(_, s)| *s < to).count();
+        let produced_by = stamps.iter().filter(|s| s.sent < to).count();
         let arrived_by = arrivals_now.values().filter(|at| **at < to).count();
         let (dead_tuples, index_bytes) = states
             .iter()
@@ -504,6 +525,7 @@ async fn run(url: &str, args: &HorizonArgs, binary: &Path, arm: Arm, seconds: u6
             end_secs: (k + 1) * window.as_secs(),
             p50_ms: percentile(&ms, 0.50),
             p99_ms: percentile(&ms, 0.99),
+            commit_p99_ms: percentile(&commit_ms, 0.99),
             published_per_s: published as f64 / window.as_secs_f64(),
             backlog: produced_by.saturating_sub(arrived_by) as u64,
             dead_tuples,

@@ -133,8 +133,7 @@ impl AmqpConfig {
 
     /// Like [`AmqpConfig::from_env`], from the given variables.
     pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
-        let (settings, envelope) =
-            settings_and_envelope::<AmqpSettings>(vars, |e| Error::Config(e.into()))?;
+        let (settings, envelope) = settings_and_envelope::<AmqpSettings>(vars)?;
         Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 

@@ -1,6 +1,6 @@
 //! Errors of the AMQP publisher: configuration, connection, topology, reading events back.
 
-use pgoutbox_core::settings::{ConfigError, VarError};
+use pgoutbox_core::settings::ConfigError;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -47,12 +47,5 @@ impl Error {
 
     pub(crate) fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::Config(ConfigError::new(key, reason))
-    }
-}
-
-/// A variable laid over the settings that cannot be read: the variable is the key.
-impl From<VarError> for Error {
-    fn from(e: VarError) -> Self {
-        Self::Config(e.into())
     }
 }

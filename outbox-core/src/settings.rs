@@ -86,8 +86,9 @@ pub fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, 
 /// Settings that environment variables can override: an adapter's
 /// `*Settings` type. Implement [`EnvOverrides::with`]; the rest follows.
 pub trait EnvOverrides: Sized {
-    /// What a variable that cannot be read becomes.
-    type Error;
+    /// What a variable that cannot be read becomes: the adapter's error, holding
+    /// the [`ConfigError`] that names the variable.
+    type Error: From<ConfigError>;
 
     /// These settings with `vars` laid over them: each variable that is set
     /// replaces its setting.
@@ -111,18 +112,18 @@ pub trait EnvOverrides: Sized {
 /// The default settings `S` with `vars` laid over them, and the envelope the same
 /// variables choose (`OUTBOX_ENVELOPE`, `OUTBOX_CLOUDEVENTS_*`, read by
 /// [`Envelope::from_lookup`]): what every adapter's config `from_vars` reads before
-/// its `from_settings`. `envelope_error` turns an invalid envelope setting into the
-/// adapter's error, as its settings' variables are.
+/// its `from_settings`. An invalid envelope setting is the adapter's error, as its
+/// settings' variables are.
 pub fn settings_and_envelope<S>(
     vars: impl IntoIterator<Item = (impl Into<String>, impl Into<String>)>,
-    envelope_error: impl FnOnce(EnvelopeConfigError) -> S::Error,
 ) -> Result<(S, Envelope), S::Error>
 where
     S: EnvOverrides + Default,
 {
     let vars = Vars::new(vars);
     let settings = S::default().with(&vars)?;
-    let envelope = Envelope::from_lookup(|name| vars.text(name)).map_err(envelope_error)?;
+    let envelope = Envelope::from_lookup(|name| vars.text(name))
+        .map_err(|e| S::Error::from(ConfigError::from(e)))?;
     Ok((settings, envelope))
 }
 
@@ -138,7 +139,7 @@ where
 /// method that reads the variable (`text`, `path`, `parse` or `millis`), and a set
 /// variable replaces the field. Unmarked fields come from the file only. After the
 /// struct, `type Error = ...;` is [`EnvOverrides::Error`] (it converts from
-/// [`VarError`]); an optional `then step;` names a method `fn(Self, &Vars) ->
+/// [`ConfigError`]; a [`VarError`] becomes one naming the variable); an optional `then step;` names a method `fn(Self, &Vars) ->
 /// Result<Self, Error>` laying the variables a list cannot name (those of a prefix)
 /// after the listed ones, and the docs written above it are added to `with`'s.
 ///
@@ -147,7 +148,7 @@ where
 /// unset keys from `Default` and is `#[non_exhaustive]`, as every adapter's is.
 ///
 /// ```
-/// use pgoutbox_core::settings::{EnvOverrides, HumanDuration, VarError};
+/// use pgoutbox_core::settings::{ConfigError, EnvOverrides, HumanDuration};
 ///
 /// pgoutbox_core::env_settings! {
 ///     /// A broker's settings.
@@ -161,7 +162,7 @@ where
 ///         /// A deployment decision: from the file only.
 ///         create_queues: Option<bool>,
 ///     }
-///     type Error = VarError;
+///     type Error = ConfigError;
 /// }
 ///
 /// let settings = BrokerSettings::default()
@@ -176,7 +177,9 @@ macro_rules! env_settings {
     // `text` and `path` cannot fail; `parse` and `millis` can.
     (@read $vars:ident, text, $var:expr) => { $vars.text($var) };
     (@read $vars:ident, path, $var:expr) => { $vars.path($var) };
-    (@read $vars:ident, $read:ident, $var:expr) => { $vars.$read($var)? };
+    (@read $vars:ident, $read:ident, $var:expr) => {
+        $vars.$read($var).map_err($crate::settings::ConfigError::from)?
+    };
     // For the docs: the unit of a variable whose value is not written as in the file
     // (a `*_MS` variable is whole milliseconds, the file's setting a duration).
     (@unit millis) => { ", in milliseconds" };

@@ -156,8 +156,7 @@ impl KafkaConfig {
 
     /// Like [`KafkaConfig::from_env`], from the given variables.
     pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
-        let (settings, envelope) =
-            settings_and_envelope::<KafkaSettings>(vars, |e| Error::Config(e.into()))?;
+        let (settings, envelope) = settings_and_envelope::<KafkaSettings>(vars)?;
         Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 

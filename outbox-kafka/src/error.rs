@@ -1,6 +1,6 @@
 //! The crate's error type.
 
-use pgoutbox_core::settings::{ConfigError, VarError};
+use pgoutbox_core::settings::ConfigError;
 use rdkafka::error::KafkaError;
 
 /// A `Result` with this crate's [`Error`] as default error.
@@ -70,12 +70,5 @@ impl Error {
                 .is_some_and(|c| !matches!(c, rdkafka::types::RDKafkaErrorCode::Fatal)),
             _ => false,
         }
-    }
-}
-
-/// A variable laid over the settings that cannot be read: the variable is the key.
-impl From<VarError> for Error {
-    fn from(e: VarError) -> Self {
-        Self::Config(e.into())
     }
 }

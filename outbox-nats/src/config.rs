@@ -204,8 +204,7 @@ impl NatsConfig {
 
     /// Like [`NatsConfig::from_env`], from the given variables.
     pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
-        let (settings, envelope) =
-            settings_and_envelope::<NatsSettings>(vars, |e| Error::Config(e.into()))?;
+        let (settings, envelope) = settings_and_envelope::<NatsSettings>(vars)?;
         Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 

@@ -1,7 +1,7 @@
 //! Errors of the NATS publisher: configuration, connection, stream administration
 //! and reading events back from messages.
 
-use pgoutbox_core::settings::{ConfigError, VarError};
+use pgoutbox_core::settings::ConfigError;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -55,12 +55,5 @@ impl Error {
             operation: operation.into(),
             reason: reason.to_string(),
         }
-    }
-}
-
-/// A variable laid over the settings that cannot be read: the variable is the key.
-impl From<VarError> for Error {
-    fn from(e: VarError) -> Self {
-        Self::Config(e.into())
     }
 }

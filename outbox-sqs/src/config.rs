@@ -93,8 +93,7 @@ impl SqsConfig {
 
     /// Like [`SqsConfig::from_env`], from the given variables.
     pub fn from_vars<S: Into<String>>(vars: impl IntoIterator<Item = (S, S)>) -> Result<Self> {
-        let (settings, envelope) =
-            settings_and_envelope::<SqsSettings>(vars, |e| Error::Config(e.into()))?;
+        let (settings, envelope) = settings_and_envelope::<SqsSettings>(vars)?;
         Ok(Self::from_settings(&settings)?.envelope(envelope))
     }
 

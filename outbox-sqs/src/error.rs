@@ -1,6 +1,6 @@
 //! The crate's error type.
 
-use pgoutbox_core::settings::{ConfigError, VarError};
+use pgoutbox_core::settings::ConfigError;
 
 /// A `Result` with this crate's [`Error`] as default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -45,12 +45,5 @@ impl Error {
     /// True if doing the same thing again later may succeed; none of these errors do.
     pub fn is_retryable(&self) -> bool {
         false
-    }
-}
-
-/// A variable laid over the settings that cannot be read: the variable is the key.
-impl From<VarError> for Error {
-    fn from(e: VarError) -> Self {
-        Self::Config(e.into())
     }
 }

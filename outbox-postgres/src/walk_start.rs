@@ -50,11 +50,12 @@
 //! after taking its `seq` (idle in transaction) does keep it in place, as it must.
 //!
 //! A relay saves its start at most every [`SAVE_EVERY`] (migration 9), and a relay
-//! reads the saved one before its first claim: a start some relay adopted stays a
-//! valid start as events are published, so a relay that starts (a deploy, a
-//! restart after a crash) does not walk from the beginning of the pending index,
-//! over every entry vacuum has not removed (under a held snapshot, every event
-//! published since it was taken), until its own observations move its start.
+//! reads the saved one before it first walks the index: a start some relay adopted
+//! stays a valid start as events are published, so a relay that starts (a deploy,
+//! a restart after a crash) does not walk from the beginning of the pending index
+//! (in its first claims, nor in the count of pending events it makes as it
+//! starts), over every entry vacuum has not removed (under a held snapshot, every
+//! event published since it was taken), until its own observations move its start.
 //!
 //! Events re-enter the pending index below the start in two ways the library does
 //! itself, each with an expired hold on its aggregate: a dead letter retried or its
@@ -178,7 +179,7 @@ impl WalkStart {
     }
 
     /// Whether the start saved by relays (migration 9) is still to be read: once,
-    /// before the first claim.
+    /// before the first walk (claim, count or wake-up probe).
     pub(crate) fn restore_due(&self) -> bool {
         !self.lock().restored
     }

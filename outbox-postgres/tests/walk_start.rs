@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{event, fast_config, head_and_follower, saved_walk_start};
 use pgoutbox_core::testing::RecordingPublisher;
-use pgoutbox_core::{PublishError, Relay};
+use pgoutbox_core::{PublishError, Relay, Store};
 use pgoutbox_postgres::testing::TestOutbox;
 use pgoutbox_postgres::{AfterDeadLetter, DeadLetterFilter, DeadLetters, PgStore};
 use uuid::Uuid;
@@ -261,6 +261,16 @@ async fn a_relay_started_later_walks_from_the_saved_start_and_keeps_order() {
     let later = db.store().with_config(*store.config());
     let relay = Relay::new(later.clone(), RecordingPublisher::new()).with_config(fast_config());
     assert_eq!(later.walk_start(), i64::MIN);
+    // The count of pending events a relay makes as it starts, beside its first
+    // claim, reads the saved start too rather than walk from the beginning.
+    let counting = db.store().with_config(*store.config());
+    let pending = counting.pending().await.unwrap();
+    assert!(
+        counting.walk_start() >= saved,
+        "the count walks from {} (saved: {saved})",
+        counting.walk_start()
+    );
+    assert_eq!(pending, 1, "the follower, held below the start");
     relay.run_once().await.unwrap();
     assert!(
         later.walk_start() >= saved,

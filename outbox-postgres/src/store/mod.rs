@@ -239,9 +239,7 @@ impl PgStore {
         if self.config.ordering {
             self.keep_share().await;
         }
-        if self.walk_start.restore_due() {
-            self.restore_walk_start().await;
-        }
+        self.restore_walk_start_when_due().await;
         self.save_walk_start_when_due();
         self.look_below_when_due();
         let mut tx = self.pool.begin_with(self.begin_statement()).await?;
@@ -286,10 +284,17 @@ impl PgStore {
         })
     }
 
-    /// Read the walk start relays saved (`walk_start.rs`, migration 9), once before
-    /// the first claim. Without it the relay walks from the beginning until its own
-    /// observations move its start on, as relays of earlier versions did.
-    async fn restore_walk_start(&self) {
+    /// Read the walk start relays saved (`walk_start.rs`, migration 9), once, before
+    /// the first statement that walks the pending index from the start: the first
+    /// claim, count or wake-up probe, whichever comes first (a relay counts its
+    /// pending events as it starts, beside its first claim). Without it the relay
+    /// walks from the beginning until its own observations move its start on, as
+    /// relays of earlier versions did: under a held snapshot, over every entry of an
+    /// event published since the snapshot was taken.
+    async fn restore_walk_start_when_due(&self) {
+        if !self.walk_start.restore_due() {
+            return;
+        }
         let load = self.sql().walk_start_load(self.config.ordering);
         let saved = sqlx::raw_sql(&load)
             .fetch_all(&self.pool)
@@ -485,6 +490,7 @@ impl PgStore {
     }
 
     async fn count_pending(&self) -> Result<u64> {
+        self.restore_walk_start_when_due().await;
         let statement = if self.config.ordering {
             &self.sql().count_pending_ordered
         } else {
@@ -552,6 +558,7 @@ impl Store for PgStore {
     }
 
     async fn wait_for_events(&self, timeout: Duration) {
+        self.restore_walk_start_when_due().await;
         let probe = Probe {
             sql: self.sql(),
             unnamed: !self.outbox.persistent(),

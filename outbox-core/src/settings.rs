@@ -139,9 +139,10 @@ where
 /// method that reads the variable (`text`, `path`, `parse` or `millis`), and a set
 /// variable replaces the field. Unmarked fields come from the file only. After the
 /// struct, `type Error = ...;` is [`EnvOverrides::Error`] (it converts from
-/// [`ConfigError`]; a [`VarError`] becomes one naming the variable); an optional `then step;` names a method `fn(Self, &Vars) ->
-/// Result<Self, Error>` laying the variables a list cannot name (those of a prefix)
-/// after the listed ones, and the docs written above it are added to `with`'s.
+/// [`ConfigError`]; a [`VarError`] becomes one naming the variable); an optional
+/// `then step;` names a method `fn(Self, &Vars) -> Result<Self, Error>` laying the
+/// variables a list cannot name (those of a prefix) after the listed ones, and the
+/// docs written above it are added to `with`'s.
 ///
 /// The struct derives `Debug`, `Clone`, `Default`, `PartialEq`, `Eq` and serde's
 /// `Deserialize` (the calling crate depends on `serde`), refuses unknown keys, takes

@@ -110,6 +110,16 @@ fn hot_path(sql: &Sql) -> Vec<HotStatement<'_>> {
             args: "1",
         },
         HotStatement {
+            name: "count_stats_ordered",
+            sql: &sql.stats_ordered,
+            args: "1",
+        },
+        HotStatement {
+            name: "count_stats_unordered",
+            sql: &sql.stats_unordered,
+            args: "1",
+        },
+        HotStatement {
             name: "look_below_ordered",
             sql: &sql.look_below_ordered,
             args: "100",

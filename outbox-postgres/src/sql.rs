@@ -196,7 +196,14 @@ pub(crate) struct Sql {
     pub(crate) probe_due_ordered_query: String,
     #[cfg_attr(not(feature = "test-utils"), allow(dead_code))]
     pub(crate) probe_due_unordered_query: String,
-    pub(crate) stats: String,
+    /// Operators' counts (`$1`: the walk start): pending, scheduled, dead letters,
+    /// the oldest pending event's age, published in the last hour, held
+    /// aggregates. Each read through an index, bounded by the pending, dead or
+    /// recent rows, not by the table: a scan of the whole table would read every
+    /// row kept for retention and, under a held snapshot, every row vacuum may not
+    /// remove yet, at each refresh of the gauges. Run with [`Sql::guarded`].
+    pub(crate) stats_ordered: String,
+    pub(crate) stats_unordered: String,
     /// Who holds back the xmin horizon, and the oldest open producer of this outbox.
     pub(crate) horizon: String,
     pub(crate) count_due: String,
@@ -424,6 +431,21 @@ impl Sql {
             format!(
                 "SELECT (SELECT seq FROM {events} WHERE processed_at IS NULL AND dead_at IS NULL \
                  AND seq >= {walk_start} AND available_at <= now() ORDER BY seq LIMIT 1) IS NOT NULL"
+            )
+        };
+        // The operators' counts over `rows` (the pending events, read as the
+        // counts of pending events read them) and the dead letters, recent
+        // publications and holds, each from its own index. In `rows`, `OFFSET 0`
+        // keeps a held aggregate's events a probe per hold: pulled up into a join,
+        // the planner may read the aggregate index whole for `seq < start`.
+        let stats = |rows: &str| {
+            format!(
+                "SELECT count(*), count(*) FILTER (WHERE p.available_at > now()), \
+                 (SELECT count(*) FROM {events} WHERE dead_at IS NOT NULL AND processed_at IS NULL), \
+                 COALESCE(extract(epoch FROM now() - min(p.created_at)), 0)::float8, \
+                 (SELECT count(*) FROM {events} WHERE processed_at > now() - interval '1 hour'), \
+                 (SELECT count(*) FROM {holds}) \
+                 FROM ({rows}) p"
             )
         };
         let probe_function = format!(
@@ -743,15 +765,19 @@ impl Sql {
             probe_function: probe_function.clone(),
             probe_due_ordered_query: probe_ordered("$1"),
             probe_due_unordered_query: probe_unordered("$1"),
-            stats: format!(
-                "SELECT count(*) FILTER (WHERE {pending}), \
-                 count(*) FILTER (WHERE {pending} AND available_at > now()), \
-                 count(*) FILTER (WHERE dead_at IS NOT NULL AND processed_at IS NULL), \
-                 COALESCE(extract(epoch FROM now() - min(created_at) FILTER (WHERE {pending})), 0)::float8, \
-                 count(*) FILTER (WHERE processed_at > now() - interval '1 hour'), \
-                 (SELECT count(*) FROM {holds}) \
-                 FROM {events}"
-            ),
+            stats_ordered: stats(&format!(
+                "(SELECT e.available_at, e.created_at FROM {events} e WHERE {pending} \
+                 AND e.seq >= $1 ORDER BY e.seq) \
+                 UNION ALL SELECT b.available_at, b.created_at FROM {holds} h CROSS JOIN LATERAL \
+                 (SELECT e.available_at, e.created_at FROM {events} e \
+                 WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id \
+                 AND e.processed_at IS NULL AND e.dead_at IS NULL AND e.seq < $1 \
+                 AND e.seq >= COALESCE(h.from_seq, '-9223372036854775808'::int8) OFFSET 0) b"
+            )),
+            stats_unordered: stats(&format!(
+                "SELECT available_at, created_at FROM {events} WHERE {pending} AND seq >= $1 \
+                 ORDER BY seq"
+            )),
 
             // Sessions of the cluster holding a snapshot (other than this one), by
             // the age of their xmin: the oldest, its transaction's age, and who it

@@ -6,6 +6,7 @@ use pgoutbox_core::{OutboxStats, StatsAdmin, StoreError};
 use sqlx::{PgConnection, Row};
 
 use crate::error::Result;
+use crate::sql::Sql;
 use crate::store::PgStore;
 
 /// Who holds back vacuum: the oldest snapshot in the cluster, and the oldest open
@@ -33,17 +34,21 @@ pub struct Horizon {
 }
 
 impl PgStore {
-    /// Count pending, scheduled, dead and recently published events (one table scan)
-    /// and held aggregates.
+    /// Count pending, scheduled, dead and recently published events and held
+    /// aggregates, each through an index: what it reads grows with those events,
+    /// not with the rows kept for retention or left for vacuum by a held snapshot.
+    /// Pending events are counted as the relay counts them, from the walk start
+    /// (`walk_start.rs`); the oldest pending age is the oldest `created_at` among them.
     pub async fn stats(&self) -> Result<OutboxStats> {
-        // In a transaction, so that a pooler keeps one server connection for the
-        // statement's round trips (see `pooler.rs`).
-        let mut tx = self.pool().begin().await?;
-        let row = sqlx::query(&self.sql().stats)
-            .persistent(self.outbox().persistent())
-            .fetch_one(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        let statement = if self.config().ordering {
+            &self.sql().stats_ordered
+        } else {
+            &self.sql().stats_unordered
+        };
+        let statement = Sql::guarded(statement, self.counting_walk_start().await);
+        // One simple query: its settings end with its implicit transaction
+        // (pooler-safe, see `pooler.rs`).
+        let row = sqlx::raw_sql(&statement).fetch_one(self.pool()).await?;
         let count =
             |i: usize| -> Result<u64> { Ok(u64::try_from(row.try_get::<i64, _>(i)?).unwrap_or(0)) };
         let age: f64 = row.try_get(3)?;

@@ -271,6 +271,20 @@ async fn a_relay_started_later_walks_from_the_saved_start_and_keeps_order() {
         counting.walk_start()
     );
     assert_eq!(pending, 1, "the follower, held below the start");
+    // So do the operators' counts (`outbox stats`, the binary's gauges), with the
+    // same result, the dead letter and its hold beside it.
+    let operator = db.store().with_config(*store.config());
+    let stats = operator.stats().await.unwrap();
+    assert!(
+        operator.walk_start() >= saved,
+        "the stats walk from {} (saved: {saved})",
+        operator.walk_start()
+    );
+    assert_eq!(
+        (stats.pending, stats.dead_letters, stats.held_aggregates),
+        (1, 1, 1),
+        "{stats:?}"
+    );
     relay.run_once().await.unwrap();
     assert!(
         later.walk_start() >= saved,

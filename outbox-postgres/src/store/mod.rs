@@ -291,6 +291,13 @@ impl PgStore {
     /// walks from the beginning until its own observations move its start on, as
     /// relays of earlier versions did: under a held snapshot, over every entry of an
     /// event published since the snapshot was taken.
+    /// Where statements that count pending events start walking the pending
+    /// index: the walk start, read from where relays saved it first if due.
+    pub(crate) async fn counting_walk_start(&self) -> i64 {
+        self.restore_walk_start_when_due().await;
+        self.walk_start.from()
+    }
+
     async fn restore_walk_start_when_due(&self) {
         if !self.walk_start.restore_due() {
             return;
@@ -490,13 +497,12 @@ impl PgStore {
     }
 
     async fn count_pending(&self) -> Result<u64> {
-        self.restore_walk_start_when_due().await;
         let statement = if self.config.ordering {
             &self.sql().count_pending_ordered
         } else {
             &self.sql().count_pending_unordered
         };
-        let row = sqlx::raw_sql(&Sql::guarded(statement, self.walk_start.from()))
+        let row = sqlx::raw_sql(&Sql::guarded(statement, self.counting_walk_start().await))
             .fetch_one(&self.pool)
             .await?;
         let n: i64 = row.try_get(0)?;

@@ -41,6 +41,9 @@ macro_rules! plan_guard {
     };
 }
 
+/// What the operators' counts read of each pending event.
+const STATS_COLUMNS: &str = "e.available_at, e.created_at";
+
 /// Opens a claim transaction (simple protocol: one round trip).
 pub(crate) const BEGIN: &str = concat!("BEGIN; ", plan_guard!());
 /// Opens a claim transaction whose commit does not wait for the WAL flush.
@@ -433,11 +436,31 @@ impl Sql {
                  AND seq >= {walk_start} AND available_at <= now() ORDER BY seq LIMIT 1) IS NOT NULL"
             )
         };
-        // The operators' counts over `rows` (the pending events, read as the
-        // counts of pending events read them) and the dead letters, recent
-        // publications and holds, each from its own index. In `rows`, `OFFSET 0`
-        // keeps a held aggregate's events a probe per hold: pulled up into a join,
-        // the planner may read the aggregate index whole for `seq < start`.
+        // The pending events (`$1`: the walk start), each row `columns` of one: those
+        // at or after the start and, ordered, those of held aggregates below it (every
+        // other event below it is published, see `walk_start.rs`). In `seq` order for
+        // the same reason as the probe. `OFFSET 0` keeps a held aggregate's events a
+        // probe per hold: pulled up into a join, the planner may read the aggregate
+        // index whole for `seq < start`.
+        let pending_unordered = |columns: &str| {
+            format!(
+                "SELECT {columns} FROM {events} e WHERE {pending} AND e.seq >= $1 \
+                 ORDER BY e.seq"
+            )
+        };
+        let pending_ordered = |columns: &str| {
+            format!(
+                "({}) UNION ALL SELECT b.* FROM {holds} h CROSS JOIN LATERAL \
+                 (SELECT {columns} FROM {events} e \
+                 WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id \
+                 AND e.processed_at IS NULL AND e.dead_at IS NULL AND e.seq < $1 \
+                 AND e.seq >= COALESCE(h.from_seq, '-9223372036854775808'::int8) OFFSET 0) b",
+                pending_unordered(columns)
+            )
+        };
+        // The operators' counts over `rows` (the pending events, as the relay counts
+        // them) and the dead letters, recent publications and holds, each from its
+        // own index.
         let stats = |rows: &str| {
             format!(
                 "SELECT count(*), count(*) FILTER (WHERE p.available_at > now()), \
@@ -739,20 +762,8 @@ impl Sql {
                 "clock_timestamp() + {BLOCKED_RECHECK}"
             )),
             record_failures: failures,
-            // Counted in `seq` order for the same reason as the probe.
-            count_pending_ordered: format!(
-                "SELECT (SELECT count(*) FROM (SELECT 1 FROM {events} e WHERE {pending} \
-                 AND e.seq >= $1 ORDER BY e.seq) p) \
-                 + (SELECT COALESCE(sum(b.n), 0) FROM {holds} h CROSS JOIN LATERAL \
-                 (SELECT count(*) AS n FROM {events} e WHERE e.aggregate_type = h.aggregate_type \
-                 AND e.aggregate_id = h.aggregate_id AND e.processed_at IS NULL \
-                 AND e.dead_at IS NULL AND e.seq < $1 \
-                 AND e.seq >= COALESCE(h.from_seq, '-9223372036854775808'::int8)) b)::int8"
-            ),
-            count_pending_unordered: format!(
-                "SELECT count(*) FROM (SELECT 1 FROM {events} WHERE {pending} AND seq >= $1 \
-                 ORDER BY seq) p"
-            ),
+            count_pending_ordered: format!("SELECT count(*) FROM ({}) p", pending_ordered("1")),
+            count_pending_unordered: format!("SELECT count(*) FROM ({}) p", pending_unordered("1")),
             look_below_ordered: format!(
                 "SELECT f.seq FROM {events} f WHERE f.processed_at IS NULL AND f.dead_at IS NULL \
                  AND f.seq < $1 AND {} ORDER BY f.seq LIMIT 1",
@@ -765,19 +776,8 @@ impl Sql {
             probe_function: probe_function.clone(),
             probe_due_ordered_query: probe_ordered("$1"),
             probe_due_unordered_query: probe_unordered("$1"),
-            stats_ordered: stats(&format!(
-                "(SELECT e.available_at, e.created_at FROM {events} e WHERE {pending} \
-                 AND e.seq >= $1 ORDER BY e.seq) \
-                 UNION ALL SELECT b.available_at, b.created_at FROM {holds} h CROSS JOIN LATERAL \
-                 (SELECT e.available_at, e.created_at FROM {events} e \
-                 WHERE e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id \
-                 AND e.processed_at IS NULL AND e.dead_at IS NULL AND e.seq < $1 \
-                 AND e.seq >= COALESCE(h.from_seq, '-9223372036854775808'::int8) OFFSET 0) b"
-            )),
-            stats_unordered: stats(&format!(
-                "SELECT available_at, created_at FROM {events} WHERE {pending} AND seq >= $1 \
-                 ORDER BY seq"
-            )),
+            stats_ordered: stats(&pending_ordered(STATS_COLUMNS)),
+            stats_unordered: stats(&pending_unordered(STATS_COLUMNS)),
 
             // Sessions of the cluster holding a snapshot (other than this one), by
             // the age of their xmin: the oldest, its transaction's age, and who it

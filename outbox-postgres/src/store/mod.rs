@@ -284,13 +284,6 @@ impl PgStore {
         })
     }
 
-    /// Read the walk start relays saved (`walk_start.rs`, migration 9), once, before
-    /// the first statement that walks the pending index from the start: the first
-    /// claim, count or wake-up probe, whichever comes first (a relay counts its
-    /// pending events as it starts, beside its first claim). Without it the relay
-    /// walks from the beginning until its own observations move its start on, as
-    /// relays of earlier versions did: under a held snapshot, over every entry of an
-    /// event published since the snapshot was taken.
     /// Where statements that count pending events start walking the pending
     /// index: the walk start, read from where relays saved it first if due.
     pub(crate) async fn counting_walk_start(&self) -> i64 {
@@ -298,6 +291,13 @@ impl PgStore {
         self.walk_start.from()
     }
 
+    /// Read the walk start relays saved (`walk_start.rs`, migration 9), once, before
+    /// the first statement that walks the pending index from the start: the first
+    /// claim, count or wake-up probe, whichever comes first (a relay counts its
+    /// pending events as it starts, beside its first claim). Without it the relay
+    /// walks from the beginning until its own observations move its start on, as
+    /// relays of earlier versions did: under a held snapshot, over every entry of an
+    /// event published since the snapshot was taken.
     async fn restore_walk_start_when_due(&self) {
         if !self.walk_start.restore_due() {
             return;

@@ -38,7 +38,10 @@
 //! four. Under a held snapshot each claim steps over the index entries of
 //! everything published since the start's observation (no walk may mark them
 //! dead while the snapshot may still see their rows), so the shorter the trail,
-//! the less a drain pays.
+//! the less a drain pays. Observations come every [`OBSERVE_EVERY`], and at the
+//! next claim whenever a walk found its first row more than a claim's worth of
+//! `seq`s past the start ([`WalkStart::walked`]): at a drain's pace the time-paced
+//! start trailed by thousands of events, each a dead row every claim visited.
 //!
 //! Producers are the transactions holding a lock on the events table's sequence,
 //! listed by their virtual ids: `nextval` takes that lock before it hands out a
@@ -71,7 +74,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How often an ordered claim observes the front (one extra statement, about a
-/// third of a millisecond).
+/// third of a millisecond), unless the last walk trailed (see [`WalkStart::walked`]).
 pub(crate) const OBSERVE_EVERY: Duration = Duration::from_millis(25);
 
 /// How often, at most, a relay looks below the start for pending events that no
@@ -101,6 +104,9 @@ struct State {
     /// A front waiting for its running transactions to end.
     candidate: Option<Candidate>,
     last_observed: Option<Instant>,
+    /// The last walk's first row was further past the start than a claim's
+    /// worth of rows: observe at the next claim, whenever the last observation was.
+    trailing: bool,
     /// When the start last went back (to the beginning or to an event found below
     /// it): observations begun before then may have started past that event.
     reset_at: Instant,
@@ -149,6 +155,7 @@ impl WalkStart {
                 from: i64::MIN,
                 candidate: None,
                 last_observed: None,
+                trailing: false,
                 reset_at: now,
                 next_look: now + LOOK_BELOW_EVERY,
                 looking: false,
@@ -164,13 +171,30 @@ impl WalkStart {
     /// first.
     pub(crate) fn plan(&self, now: Instant) -> (i64, bool) {
         let mut state = self.lock();
-        let observe = state
-            .last_observed
-            .is_none_or(|last| now.saturating_duration_since(last) >= OBSERVE_EVERY);
+        let observe = state.trailing
+            || state
+                .last_observed
+                .is_none_or(|last| now.saturating_duration_since(last) >= OBSERVE_EVERY);
         if observe {
             state.last_observed = Some(now);
+            state.trailing = false;
         }
         (state.from, observe)
+    }
+
+    /// A walk from `from` found its first row at `first` (kept or not), where a
+    /// claim's worth of rows is `rows`. Each `seq` between is, nearly always, an
+    /// entry of an event published since the start last moved (or rolled back):
+    /// under a held snapshot each costs every walk a visit of its dead row, and at
+    /// a drain's pace a start that trails by [`OBSERVE_EVERY`] is thousands of
+    /// them per claim. When the gap exceeds `rows`, the next claim observes (an
+    /// observation costs one walk of that gap, no more than the claims it
+    /// shortens), so that under a backlog the start trails by a claim or two.
+    pub(crate) fn walked(&self, from: i64, first: i64, rows: i64) {
+        let mut state = self.lock();
+        if first.saturating_sub(from) > rows {
+            state.trailing = true;
+        }
     }
 
     /// The start walks read now.
@@ -551,5 +575,21 @@ mod tests {
         assert!(start.plan(now).1);
         assert!(!start.plan(now + OBSERVE_EVERY / 2).1);
         assert!(start.plan(now + OBSERVE_EVERY).1);
+    }
+
+    #[test]
+    fn a_walk_that_trailed_by_more_than_a_claim_makes_the_next_claim_observe() {
+        let now = Instant::now();
+        let start = WalkStart::new(now);
+        start.restored(Some(100));
+        assert_eq!(start.plan(now), (100, true));
+        let soon = now + OBSERVE_EVERY / 5;
+        // A gap of a claim's worth of rows or less: observations keep their pace.
+        start.walked(100, 300, 200);
+        assert!(!start.plan(soon).1);
+        // More: the next claim observes, once.
+        start.walked(100, 301, 200);
+        assert_eq!(start.plan(soon), (100, true));
+        assert!(!start.plan(soon).1);
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{event, fast_config, head_and_follower, saved_walk_start};
+use common::{event, fast_config, fill, head_and_follower, saved_walk_start};
 use pgoutbox_core::testing::RecordingPublisher;
 use pgoutbox_core::{PublishError, Relay, Store};
 use pgoutbox_postgres::testing::TestOutbox;
@@ -95,6 +95,48 @@ async fn the_walk_start_moves_past_published_events() {
     assert_eq!(store.walk_start(), i64::MIN);
     traffic(&db, &relay, &store, 0, Some(first_seq)).await;
     assert!(relay.publisher().published_ids().contains(&first));
+    db.drop_schema().await.unwrap();
+}
+
+/// Under a backlog the start keeps up with the drain: a claim observes the front
+/// whenever the walk before it found its first row more than a claim's worth of
+/// `seq`s past the start, not only every 25 ms. Paced by time alone, the start
+/// trailed by every claim made in 25 ms, and under a held snapshot each of their
+/// events was a dead row that every claim visited. The bound is counted in claims:
+/// it holds however fast or slow the machine is.
+#[tokio::test]
+async fn a_drain_keeps_the_walk_start_within_a_few_claims_of_the_front() {
+    let db = TestOutbox::new().await.unwrap();
+    let store = db.store();
+    let batch = 20;
+    let relay = Relay::new(store.clone(), RecordingPublisher::new())
+        .with_config(fast_config().batch_size(batch));
+    fill(&db, 50, 40).await;
+    let oldest_pending = format!(
+        "SELECT min(seq) FROM {} WHERE processed_at IS NULL AND dead_at IS NULL",
+        events_table(&db)
+    );
+    let mut trails = Vec::new();
+    for claim in 0.. {
+        relay.run_once().await.unwrap();
+        let front: Option<i64> = sqlx::query_scalar(&oldest_pending)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let Some(front) = front else { break };
+        // The first claims walk from the beginning until two observations agree.
+        if claim >= 4 {
+            trails.push(front.saturating_sub(store.walk_start()));
+        }
+    }
+    assert_eq!(relay.publisher().published_ids().len(), 2000);
+    let batch = i64::try_from(batch).unwrap();
+    let worst = trails.iter().copied().max().unwrap();
+    assert!(
+        worst <= 3 * batch,
+        "the start trailed the oldest pending event by up to {worst} seqs \
+         (batches of {batch}); after each claim: {trails:?}"
+    );
     db.drop_schema().await.unwrap();
 }
 

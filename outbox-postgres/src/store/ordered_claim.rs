@@ -82,6 +82,17 @@ impl PgStore {
                 row: RunRow::walked(row)?,
             });
         }
+        // How far past the start the walk found its first row of this share.
+        let first = kept
+            .iter()
+            .map(|k| k.row.event.seq)
+            .chain(skipped_from)
+            .min();
+        if let Some(first) = first {
+            let share_count = share.map_or(1, |s| i64::from(s.count));
+            self.walk_start
+                .walked(walk_start, first, limit.saturating_mul(share_count));
+        }
         let mut window = LockedAggregates::default();
         let read_again: Vec<bool> = {
             let stale = stale_aggregates(&kept);

@@ -214,7 +214,11 @@ section! {
     }
 }
 
-/// How an idle relay learns of new events.
+/// How an idle relay learns of new events: the name a file or variable gives to
+/// one of the library's `Wakeup`s. Not that enum itself: its variants carry
+/// values checked against other sections (`notify` needs `relay.notify_url`
+/// behind PgBouncer) and a handle made at run time (the `SharedWakeup` of a
+/// relay group), so `validate` builds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum WakeupMode {

@@ -33,9 +33,10 @@ impl PgStore {
     ) -> Result<OrderedClaim> {
         let share = self.shares.current();
         // A share's rows are about 1 in `count` of those walked.
+        let share_count = share.map_or(1, |s| i64::from(s.count));
         let scan_window = limit
             .saturating_mul(SCAN_WINDOW)
-            .saturating_mul(share.map_or(1, |s| i64::from(s.count)));
+            .saturating_mul(share_count);
         let expired_holds = (limit / i64::from(sql::RELEASED_RUN)).max(1);
         let (from, observe) = self.walk_start.plan(Instant::now());
         if observe {
@@ -89,7 +90,6 @@ impl PgStore {
             .chain(skipped_from)
             .min();
         if let Some(first) = first {
-            let share_count = share.map_or(1, |s| i64::from(s.count));
             self.walk_start
                 .walked(walk_start, first, limit.saturating_mul(share_count));
         }

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -13,7 +13,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use pgoutbox_core::{redact_url, Event, Outcome, PublishError, Publisher, RunOrder, RunOutcome};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::AmqpConfig;
 use crate::error::{Error, Result};
@@ -32,11 +32,15 @@ use crate::routing::{AmqpRouting, MAX_SHORT_STRING};
 /// [`pgoutbox_core::FailureKind::Unavailable`]: an outage counts no attempt.
 ///
 /// The connection is opened on first use; a lost connection or channel is dropped and
-/// re-opened by the next batch.
+/// re-opened by the next batch. Each send-and-confirm (a batch's single events, one
+/// stretch of a run) holds a confirm channel of its own on that connection, up to
+/// 32 at once, kept open for later batches: returns are matched to their messages
+/// only among one channel's confirms.
 ///
 /// An aggregate's run is sent pipelined ([`RunOrder::Pipelined`]): each stretch of
-/// it going to one exchange with one routing key is sent whole on the one channel,
-/// its confirms awaited, then the next stretch. Why no message after a failed
+/// it going to one exchange with one routing key is sent whole on one channel,
+/// its confirms awaited, then the next stretch (confirmed messages are routed
+/// already, so the next stretch's channel does not matter). Why no message after a failed
 /// message `k` is stored unless `k` was stored before it:
 /// - RabbitMQ routes the messages of a channel in the order they arrive, and the
 ///   channel's frames arrive in the order sent (one TCP connection). A lost
@@ -71,16 +75,82 @@ struct Outgoing<'e> {
     body: Cow<'e, [u8]>,
 }
 
+/// Confirm channels a publisher holds open at most: each send-and-confirm holds one
+/// alone ([`ConfirmChannel`]); more runs at once wait for one to come back.
+const MAX_CONFIRM_CHANNELS: usize = 32;
+
 #[derive(Debug)]
 struct Inner {
     config: AmqpConfig,
     state: Mutex<Option<Link>>,
+    /// One permit per confirm channel in use.
+    confirm_permits: Arc<Semaphore>,
 }
 
 #[derive(Debug)]
 struct Link {
     connection: Connection,
+    /// Topology and health checks ([`AmqpPublisher::channel`]).
     channel: Channel,
+    /// Confirm channels open, settled and not in use.
+    idle: Arc<StdMutex<Vec<Channel>>>,
+}
+
+/// A confirm channel held by one send-and-confirm alone.
+///
+/// lapin hands a `basic.return` to whichever pending confirm of the channel the
+/// next ack resolves first (with a `multiple` ack, any one it covers), which may
+/// be the confirm of a message another run sent at the same time. Returns are
+/// matched to their messages by message id within one send-and-confirm, so every
+/// pending confirm of its channel must be its own: a channel shared by concurrent
+/// runs lost returns, and an unroutable message was reported published.
+///
+/// Back to the idle channels only when [`ConfirmChannel::settle`]d: every confirm
+/// resolved. Dropped otherwise (a confirm timed out, the call was cancelled), it is
+/// closed, so that no late ack or return of it reaches a later batch.
+struct ConfirmChannel {
+    channel: Channel,
+    idle: Arc<StdMutex<Vec<Channel>>>,
+    settled: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl ConfirmChannel {
+    /// Every confirm sent on it resolved: the channel may serve another batch.
+    fn settle(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for ConfirmChannel {
+    fn drop(&mut self) {
+        if !self.channel.status().connected() {
+            return;
+        }
+        if self.settled {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            idle.push(self.channel.clone());
+        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let channel = self.channel.clone();
+            runtime.spawn(async move {
+                // Best effort: the connection may be going too.
+                let _ = channel.close(200, "outbox: unsettled confirms").await;
+            });
+        }
+    }
+}
+
+/// A new channel on `connection` with publisher confirms on.
+async fn open_confirm_channel(connection: &Connection) -> std::result::Result<Channel, String> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| format!("open channel: {e}"))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| format!("enable publisher confirms: {e}"))?;
+    Ok(channel)
 }
 
 impl AmqpPublisher {
@@ -89,6 +159,7 @@ impl AmqpPublisher {
             inner: Arc::new(Inner {
                 config,
                 state: Mutex::new(None),
+                confirm_permits: Arc::new(Semaphore::new(MAX_CONFIRM_CHANNELS)),
             }),
         }
     }
@@ -103,13 +174,19 @@ impl AmqpPublisher {
         self.channel().await.map(|_| ())
     }
 
-    /// A channel with publisher confirms on (shared by the batches), opening it if needed.
+    /// A channel with publisher confirms on, for topology and checks (batches publish
+    /// on channels of their own), opening the connection if needed.
     pub async fn channel(&self) -> Result<Channel> {
-        let config = &self.inner.config;
         let mut state = self.inner.state.lock().await;
+        Ok(self.link(&mut state).await?.channel.clone())
+    }
+
+    /// The open link, connecting if there is none or it was lost.
+    async fn link<'s>(&self, state: &'s mut Option<Link>) -> Result<&'s Link> {
+        let config = &self.inner.config;
         if let Some(link) = state.as_ref() {
             if link.connection.status().connected() && link.channel.status().connected() {
-                return Ok(link.channel.clone());
+                return Ok(state.as_ref().expect("checked above"));
             }
             tracing::warn!(url = %redact_url(&config.url), "AMQP connection or channel lost; reconnecting");
         }
@@ -139,33 +216,60 @@ impl AmqpPublisher {
             let connection = Connection::connect_uri_with_config(uri, properties, tls)
                 .await
                 .map_err(|e| connect_error(e.to_string()))?;
-            let channel = connection
-                .create_channel()
+            let channel = open_confirm_channel(&connection)
                 .await
-                .map_err(|e| connect_error(format!("open channel: {e}")))?;
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .map_err(|e| connect_error(format!("enable publisher confirms: {e}")))?;
+                .map_err(connect_error)?;
             Ok::<_, Error>(Link {
                 connection,
                 channel,
+                idle: Arc::default(),
             })
         };
         let link = tokio::time::timeout(config.timeout, open)
             .await
             .map_err(|_| connect_error(format!("no connection within {:?}", config.timeout)))??;
-        let channel = link.channel.clone();
-        *state = Some(link);
-        Ok(channel)
+        Ok(state.insert(link))
     }
 
-    /// Forget `channel` if it is still the current one, so the next batch reconnects.
-    async fn invalidate(&self, channel: &Channel) {
+    /// A confirm channel for one send-and-confirm: an idle one, or a new one while
+    /// fewer than [`MAX_CONFIRM_CHANNELS`] are in use.
+    async fn confirm_channel(&self) -> Result<ConfirmChannel> {
+        let permit = Arc::clone(&self.inner.confirm_permits)
+            .acquire_owned()
+            .await
+            .expect("the permits are never closed");
+        let config = &self.inner.config;
+        let mut state = self.inner.state.lock().await;
+        let link = self.link(&mut state).await?;
+        let idle = Arc::clone(&link.idle);
+        let reused = {
+            let mut channels = idle.lock().unwrap_or_else(PoisonError::into_inner);
+            std::iter::from_fn(|| channels.pop()).find(|c| c.status().connected())
+        };
+        let channel = match reused {
+            Some(channel) => channel,
+            None => tokio::time::timeout(config.timeout, open_confirm_channel(&link.connection))
+                .await
+                .unwrap_or_else(|_| Err(format!("no channel within {:?}", config.timeout)))
+                .map_err(|reason| Error::Connect {
+                    url: redact_url(&config.url),
+                    reason,
+                })?,
+        };
+        Ok(ConfirmChannel {
+            channel,
+            idle,
+            settled: false,
+            _permit: permit,
+        })
+    }
+
+    /// Forget the link if its connection is gone, so the next batch reconnects.
+    async fn forget_lost_link(&self) {
         let mut state = self.inner.state.lock().await;
         if state
             .as_ref()
-            .is_some_and(|l| l.channel.id() == channel.id())
+            .is_some_and(|l| !l.connection.status().connected())
         {
             if let Some(link) = state.take() {
                 // Best effort: the connection may already be gone.
@@ -275,7 +379,7 @@ impl Publisher for AmqpPublisher {
         RunOrder::Pipelined
     }
 
-    /// The run in flight on the one confirm channel, one stretch of events with the
+    /// The run in flight on confirm channels, one stretch of events with the
     /// same exchange and routing key after the other; see the type's documentation
     /// for why the order holds and where it may not.
     async fn publish_run(&self, run: &[Event]) -> RunOutcome {
@@ -309,16 +413,17 @@ impl AmqpPublisher {
         if events.is_empty() {
             return Vec::new();
         }
-        let channel = match self.channel().await {
-            Ok(channel) => channel,
+        let lease = match self.confirm_channel().await {
+            Ok(lease) => lease,
             // No connection (refused, lost, authentication failed): the broker's failure.
             Err(error) => return vec![Outcome::unavailable(error.to_string()); events.len()],
         };
+        let channel = &lease.channel;
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
         let mut confirms = Vec::with_capacity(events.len());
         let mut broken = false;
         for (i, event) in events.iter().enumerate() {
-            match self.send(&channel, event).await {
+            match self.send(channel, event).await {
                 Ok(confirm) => confirms.push((i, confirm)),
                 Err(error) => {
                     broken |= error.is_retryable();
@@ -336,7 +441,8 @@ impl AmqpPublisher {
             }))
             .await;
         // lapin hands a `basic.return` to whichever confirm resolves next, not
-        // necessarily the returned message's own: match returns by message id.
+        // necessarily the returned message's own (all of them this call's: see
+        // `ConfirmChannel`): match returns by message id.
         let mut returned_ids: HashMap<String, String> = HashMap::new();
         for (_, result) in &results {
             if let Ok(Ok(Confirmation::Ack(Some(r)) | Confirmation::Nack(Some(r)))) = result {
@@ -377,7 +483,10 @@ impl AmqpPublisher {
         // outage's, not the messages': the relay counts no attempt for them.
         let lost = broken && !channel.status().connected();
         if lost {
-            self.invalidate(&channel).await;
+            drop(lease);
+            self.forget_lost_link().await;
+        } else if !broken {
+            lease.settle();
         }
         outcomes
             .into_iter()

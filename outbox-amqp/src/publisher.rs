@@ -34,7 +34,7 @@ use crate::routing::{AmqpRouting, MAX_SHORT_STRING};
 /// The connection is opened on first use; a lost connection or channel is dropped and
 /// re-opened by the next batch. Each send-and-confirm (a batch's single events, one
 /// stretch of a run) holds a confirm channel of its own on that connection, up to
-/// 32 at once, kept open for later batches: returns are matched to their messages
+/// 256 at once, kept open for later batches: returns are matched to their messages
 /// only among one channel's confirms.
 ///
 /// An aggregate's run is sent pipelined ([`RunOrder::Pipelined`]): each stretch of
@@ -75,16 +75,17 @@ struct Outgoing<'e> {
     body: Cow<'e, [u8]>,
 }
 
-/// Confirm channels a publisher holds open at most: each send-and-confirm holds one
-/// alone ([`ConfirmChannel`]); more runs at once wait for one to come back.
-const MAX_CONFIRM_CHANNELS: usize = 32;
+/// Confirm channels a publisher holds open at most (fewer when the broker's
+/// `channel_max` is lower): each send-and-confirm holds one alone
+/// ([`ConfirmChannel`]); more runs at once wait for one to come back. A batch of
+/// 200 events over 100 aggregates is about 100 runs at once: with 32 channels
+/// they drained about 20% slower than with 256 (BENCHMARKS.md).
+const MAX_CONFIRM_CHANNELS: usize = 256;
 
 #[derive(Debug)]
 struct Inner {
     config: AmqpConfig,
     state: Mutex<Option<Link>>,
-    /// One permit per confirm channel in use.
-    confirm_permits: Arc<Semaphore>,
 }
 
 #[derive(Debug)]
@@ -94,6 +95,9 @@ struct Link {
     channel: Channel,
     /// Confirm channels open, settled and not in use.
     idle: Arc<StdMutex<Vec<Channel>>>,
+    /// One permit per confirm channel in use: at most [`MAX_CONFIRM_CHANNELS`], and
+    /// fewer than the connection's `channel_max`.
+    permits: Arc<Semaphore>,
 }
 
 /// A confirm channel held by one send-and-confirm alone.
@@ -159,7 +163,6 @@ impl AmqpPublisher {
             inner: Arc::new(Inner {
                 config,
                 state: Mutex::new(None),
-                confirm_permits: Arc::new(Semaphore::new(MAX_CONFIRM_CHANNELS)),
             }),
         }
     }
@@ -219,10 +222,14 @@ impl AmqpPublisher {
             let channel = open_confirm_channel(&connection)
                 .await
                 .map_err(connect_error)?;
+            // The topology channel is one of the connection's `channel_max`.
+            let channel_max = usize::from(connection.configuration().channel_max());
+            let permits = MAX_CONFIRM_CHANNELS.min(channel_max.saturating_sub(1).max(1));
             Ok::<_, Error>(Link {
                 connection,
                 channel,
                 idle: Arc::default(),
+                permits: Arc::new(Semaphore::new(permits)),
             })
         };
         let link = tokio::time::timeout(config.timeout, open)
@@ -232,14 +239,21 @@ impl AmqpPublisher {
     }
 
     /// A confirm channel for one send-and-confirm: an idle one, or a new one while
-    /// fewer than [`MAX_CONFIRM_CHANNELS`] are in use.
+    /// fewer than the link's permits are in use.
     async fn confirm_channel(&self) -> Result<ConfirmChannel> {
-        let permit = Arc::clone(&self.inner.confirm_permits)
+        let permits = {
+            let mut state = self.inner.state.lock().await;
+            Arc::clone(&self.link(&mut state).await?.permits)
+        };
+        let permit = permits
             .acquire_owned()
             .await
             .expect("the permits are never closed");
         let config = &self.inner.config;
         let mut state = self.inner.state.lock().await;
+        // The link the permit came from, or a new one if it was lost meanwhile
+        // (the permit then counts against the old link's channels: a reconnect
+        // may briefly open more).
         let link = self.link(&mut state).await?;
         let idle = Arc::clone(&link.idle);
         let reused = {

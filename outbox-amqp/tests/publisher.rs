@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::collections::HashSet;
+
 use common::{amqp_addr, url_via, AmqpTarget};
 use pgoutbox_core::Publisher;
 
@@ -39,7 +41,6 @@ async fn a_wrong_password_is_an_outage_not_a_message_failure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unroutable_message_among_concurrent_runs_fails_alone() {
     use pgoutbox_core::conformance::{claimed_event, ConformanceTarget};
-    use std::collections::HashSet;
 
     let target = AmqpTarget::new().await;
     let publisher = target.publisher().await.expect("connected to RabbitMQ");
@@ -79,17 +80,59 @@ async fn an_unroutable_message_among_concurrent_runs_fails_alone() {
             reported.extend(run[..expected].iter().map(|e| e.id));
         }
     }
+    let received = received_ids(&target, reported.len()).await;
+    assert_eq!(
+        received, reported,
+        "the broker holds what was reported published"
+    );
+    target.delete().await;
+}
+
+/// A broker that allows few channels (`channel_max`, here asked for in the URL)
+/// makes concurrent runs wait for a confirm channel, not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_channel_max_makes_runs_wait_for_a_channel() {
+    use pgoutbox_core::conformance::claimed_event;
+
+    let target = AmqpTarget::new().await;
+    // The topology channel and two confirm channels.
+    let url = format!("{}?channel_max=3", common::amqp_url());
+    let publisher = target.config(&url).build().expect("valid settings");
+    let runs: Vec<Vec<pgoutbox_core::Event>> = (0..24)
+        .map(|i| {
+            (0..3)
+                .map(|seq| claimed_event("order", &format!("c{i}"), "order.created", seq))
+                .collect()
+        })
+        .collect();
+    let outcomes =
+        futures_util::future::join_all(runs.iter().map(|run| publisher.publish_run(run))).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        assert_eq!(
+            (
+                outcome.published,
+                outcome.failure.as_ref().map(|e| &e.message)
+            ),
+            (3, None),
+            "run {i}"
+        );
+    }
+    let sent: HashSet<_> = runs.iter().flatten().map(|e| e.id).collect();
+    let received = received_ids(&target, sent.len()).await;
+    assert_eq!(received, sent);
+    target.delete().await;
+}
+
+/// The event ids in the target's queue: until `expected` arrived, or none came
+/// for 10 s.
+async fn received_ids(target: &AmqpTarget, expected: usize) -> HashSet<uuid::Uuid> {
     let mut received = HashSet::new();
-    while received.len() < reported.len() {
+    while received.len() < expected {
         let batch = target.get(1000, std::time::Duration::from_secs(10)).await;
         if batch.is_empty() {
             break;
         }
         received.extend(batch.into_iter().map(|(metadata, _)| metadata.event_id));
     }
-    assert_eq!(
-        received, reported,
-        "the broker holds what was reported published"
-    );
-    target.delete().await;
+    received
 }

@@ -39,9 +39,10 @@
 //! everything published since the start's observation (no walk may mark them
 //! dead while the snapshot may still see their rows), so the shorter the trail,
 //! the less a drain pays. Observations come every [`OBSERVE_EVERY`], and at the
-//! next claim whenever a walk found its first row more than a claim's worth of
-//! `seq`s past the start ([`WalkStart::walked`]): at a drain's pace the time-paced
-//! start trailed by thousands of events, each a dead row every claim visited.
+//! next claim whenever a walk found its first row more than [`TRAIL_CLAIMS`]
+//! claims' worth of `seq`s past the start ([`WalkStart::walked`]): at a drain's
+//! pace the time-paced start trailed by thousands of events, each a dead row
+//! every claim visited.
 //!
 //! Producers are the transactions holding a lock on the events table's sequence,
 //! listed by their virtual ids: `nextval` takes that lock before it hands out a
@@ -76,6 +77,14 @@ use std::time::{Duration, Instant};
 /// How often an ordered claim observes the front (one extra statement, about a
 /// third of a millisecond), unless the last walk trailed (see [`WalkStart::walked`]).
 pub(crate) const OBSERVE_EVERY: Duration = Duration::from_millis(25);
+
+/// A walk trails when it found its first row more than this many claims' worth
+/// of `seq`s past the start ([`WalkStart::walked`]). At one claim, an unheld
+/// ordered drain observed before nearly every other claim and ran 5-10% slower
+/// than with time-paced observations (BENCHMARKS.md); at four it observes about
+/// every fifth claim, and under a held snapshot each claim visits at most a few
+/// claims' worth of dead rows instead of 25 ms of a drain's.
+pub(crate) const TRAIL_CLAIMS: i64 = 4;
 
 /// How often, at most, a relay looks below the start for pending events that no
 /// hold accounts for (put back by hand in SQL).
@@ -187,12 +196,13 @@ impl WalkStart {
     /// entry of an event published since the start last moved (or rolled back):
     /// under a held snapshot each costs every walk a visit of its dead row, and at
     /// a drain's pace a start that trails by [`OBSERVE_EVERY`] is thousands of
-    /// them per claim. When the gap exceeds `rows`, the next claim observes (an
-    /// observation costs one walk of that gap, no more than the claims it
-    /// shortens), so that under a backlog the start trails by a claim or two.
+    /// them per claim. When the gap exceeds [`TRAIL_CLAIMS`] claims' worth, the
+    /// next claim observes (an observation costs one walk of that gap, no more
+    /// than the claims it shortens), so that under a backlog the start trails by
+    /// a few claims.
     pub(crate) fn walked(&self, from: i64, first: i64, rows: i64) {
         let mut state = self.lock();
-        if first.saturating_sub(from) > rows {
+        if first.saturating_sub(from) > rows.saturating_mul(TRAIL_CLAIMS) {
             state.trailing = true;
         }
     }
@@ -578,17 +588,17 @@ mod tests {
     }
 
     #[test]
-    fn a_walk_that_trailed_by_more_than_a_claim_makes_the_next_claim_observe() {
+    fn a_walk_that_trailed_by_more_than_four_claims_makes_the_next_claim_observe() {
         let now = Instant::now();
         let start = WalkStart::new(now);
         start.restored(Some(100));
         assert_eq!(start.plan(now), (100, true));
         let soon = now + OBSERVE_EVERY / 5;
-        // A gap of a claim's worth of rows or less: observations keep their pace.
-        start.walked(100, 300, 200);
+        // A gap of four claims' worth of rows or less: observations keep their pace.
+        start.walked(100, 100 + 4 * 200, 200);
         assert!(!start.plan(soon).1);
         // More: the next claim observes, once.
-        start.walked(100, 301, 200);
+        start.walked(100, 101 + 4 * 200, 200);
         assert_eq!(start.plan(soon), (100, true));
         assert!(!start.plan(soon).1);
     }

@@ -99,11 +99,13 @@ async fn the_walk_start_moves_past_published_events() {
 }
 
 /// Under a backlog the start keeps up with the drain: a claim observes the front
-/// whenever the walk before it found its first row more than a claim's worth of
-/// `seq`s past the start, not only every 25 ms. Paced by time alone, the start
-/// trailed by every claim made in 25 ms, and under a held snapshot each of their
-/// events was a dead row that every claim visited. The bound is counted in claims:
-/// it holds however fast or slow the machine is.
+/// whenever the walk before it found its first row more than four claims' worth
+/// of `seq`s past the start, not only every 25 ms. Paced by time alone, the start
+/// trailed by every claim made in 25 ms (up to 19 claims here), and under a held
+/// snapshot each of their events was a dead row that every claim visited. The
+/// bound is counted in claims (the trigger's four, one that observes, one while
+/// the observation is confirmed, one spare): it holds however fast or slow the
+/// machine is.
 #[tokio::test]
 async fn a_drain_keeps_the_walk_start_within_a_few_claims_of_the_front() {
     let db = TestOutbox::new().await.unwrap();
@@ -133,7 +135,7 @@ async fn a_drain_keeps_the_walk_start_within_a_few_claims_of_the_front() {
     let batch = i64::try_from(batch).unwrap();
     let worst = trails.iter().copied().max().unwrap();
     assert!(
-        worst <= 3 * batch,
+        worst <= 7 * batch,
         "the start trailed the oldest pending event by up to {worst} seqs \
          (batches of {batch}); after each claim: {trails:?}"
     );

@@ -189,6 +189,9 @@ impl AmqpPublisher {
         let config = &self.inner.config;
         if let Some(link) = state.as_ref() {
             if link.connection.status().connected() && link.channel.status().connected() {
+                // Borrowed again: returning `link` itself would keep `state` borrowed
+                // on the path below that replaces it (the borrow checker cannot yet
+                // end a borrow returned on one branch only).
                 return Ok(state.as_ref().expect("checked above"));
             }
             tracing::warn!(url = %redact_url(&config.url), "AMQP connection or channel lost; reconnecting");
@@ -241,38 +244,43 @@ impl AmqpPublisher {
     /// A confirm channel for one send-and-confirm: an idle one, or a new one while
     /// fewer than the link's permits are in use.
     async fn confirm_channel(&self) -> Result<ConfirmChannel> {
-        let permits = {
+        let (permits, idle) = {
             let mut state = self.inner.state.lock().await;
-            Arc::clone(&self.link(&mut state).await?.permits)
+            let link = self.link(&mut state).await?;
+            (Arc::clone(&link.permits), Arc::clone(&link.idle))
         };
         let permit = permits
             .acquire_owned()
             .await
             .expect("the permits are never closed");
-        let config = &self.inner.config;
-        let mut state = self.inner.state.lock().await;
-        // The link the permit came from, or a new one if it was lost meanwhile
-        // (the permit then counts against the old link's channels: a reconnect
-        // may briefly open more).
-        let link = self.link(&mut state).await?;
-        let idle = Arc::clone(&link.idle);
         let reused = {
             let mut channels = idle.lock().unwrap_or_else(PoisonError::into_inner);
             std::iter::from_fn(|| channels.pop()).find(|c| c.status().connected())
         };
-        let channel = match reused {
-            Some(channel) => channel,
-            None => tokio::time::timeout(config.timeout, open_confirm_channel(&link.connection))
-                .await
-                .unwrap_or_else(|_| Err(format!("no channel within {:?}", config.timeout)))
-                .map_err(|reason| Error::Connect {
-                    url: redact_url(&config.url),
-                    reason,
-                })?,
-        };
+        if let Some(channel) = reused {
+            return Ok(ConfirmChannel {
+                channel,
+                idle,
+                settled: false,
+                _permit: permit,
+            });
+        }
+        // Opening a channel takes the link again: the one the permit came from, or a
+        // new one if it was lost meanwhile (the permit then counts against the old
+        // link's channels: a reconnect may briefly open more).
+        let config = &self.inner.config;
+        let mut state = self.inner.state.lock().await;
+        let link = self.link(&mut state).await?;
+        let channel = tokio::time::timeout(config.timeout, open_confirm_channel(&link.connection))
+            .await
+            .unwrap_or_else(|_| Err(format!("no channel within {:?}", config.timeout)))
+            .map_err(|reason| Error::Connect {
+                url: redact_url(&config.url),
+                reason,
+            })?;
         Ok(ConfirmChannel {
             channel,
-            idle,
+            idle: Arc::clone(&link.idle),
             settled: false,
             _permit: permit,
         })
@@ -497,7 +505,6 @@ impl AmqpPublisher {
         // outage's, not the messages': the relay counts no attempt for them.
         let lost = broken && !channel.status().connected();
         if lost {
-            drop(lease);
             self.forget_lost_link().await;
         } else if !broken {
             lease.settle();

@@ -48,7 +48,7 @@ pub struct AmqpConfig {
     pub envelope: Envelope,
 }
 
-pgoutbox_core::env_settings! {
+pgoutbox_core::settings::env_settings! {
     /// AMQP settings as a configuration file or the environment writes them, every
     /// one optional (unset: the default of [`AmqpConfig`]). The `outbox` binary reads
     /// its `[broker.amqp]` section into this, lays the environment over it
@@ -56,22 +56,22 @@ pgoutbox_core::env_settings! {
     /// config with [`AmqpConfig::from_settings`].
     pub struct AmqpSettings {
         /// [`AmqpConfig::url`].
-        #[env(ENV_URL = "OUTBOX_AMQP_URL", text)]
+        #[env(ENV_URL = "OUTBOX_AMQP_URL")]
         url: Option<String>,
         /// Exchange of the default [`AmqpRouting`].
-        #[env(ENV_EXCHANGE = "OUTBOX_AMQP_EXCHANGE", text)]
+        #[env(ENV_EXCHANGE = "OUTBOX_AMQP_EXCHANGE")]
         exchange: Option<String>,
         /// [`AmqpConfig::timeout`], e.g. `"5s"`.
         #[env(ENV_TIMEOUT_MS = "OUTBOX_AMQP_TIMEOUT_MS", millis)]
         timeout: Option<HumanDuration>,
         /// [`AmqpConfig::connection_name`].
-        #[env(ENV_CONNECTION_NAME = "OUTBOX_AMQP_CONNECTION_NAME", text)]
+        #[env(ENV_CONNECTION_NAME = "OUTBOX_AMQP_CONNECTION_NAME")]
         connection_name: Option<String>,
         /// [`AmqpConfig::password`], read from this file (a mounted secret).
-        #[env(ENV_PASSWORD_FILE = "OUTBOX_AMQP_PASSWORD_FILE", path)]
+        #[env(ENV_PASSWORD_FILE = "OUTBOX_AMQP_PASSWORD_FILE")]
         password_file: Option<PathBuf>,
         /// [`AmqpConfig::tls_ca_file`].
-        #[env(ENV_TLS_CA = "OUTBOX_AMQP_TLS_CA", path)]
+        #[env(ENV_TLS_CA = "OUTBOX_AMQP_TLS_CA")]
         tls_ca: Option<PathBuf>,
     }
     type Error = Error;
@@ -107,6 +107,9 @@ impl Default for AmqpConfig {
         Self::new(DEFAULT_URL)
     }
 }
+
+/// `from_settings` sets what the settings set, one line each.
+impl WithSetting for AmqpConfig {}
 
 impl AmqpConfig {
     /// Defaults, with this broker URL.

@@ -54,7 +54,7 @@ impl AmqpRouting {
         }
     }
 
-    pgoutbox_core::route_builders! {
+    pgoutbox_core::routing::route_builders! {
         /// Publish events of `event_type` to `exchange` with `routing_key`.
         #[must_use]
         pub fn event_type(event_type, exchange, routing_key)

@@ -4,7 +4,7 @@
 //! own broker's rules. [`RouteTable`] holds the rules by event type and by aggregate
 //! type of every adapter, whatever a destination is; [`PrefixRouting`] is the rule of
 //! the brokers whose configuration sets a name prefix and a default destination apart
-//! (Kafka topics, SQS queues); [`route_builders!`](crate::route_builders) writes an
+//! (Kafka topics, SQS queues); [`route_builders!`] writes an
 //! adapter's builder methods that add a rule to a table.
 
 use std::borrow::Cow;
@@ -100,7 +100,7 @@ impl<T> RouteTable<T> {
 /// }
 ///
 /// impl Config {
-///     pgoutbox_core::route_builders! {
+///     pgoutbox_core::routing::route_builders! {
 ///         /// Send events of this event type to `topic`.
 ///         pub fn route_event_type(event_type, topic) => routes.insert_event_type;
 ///         /// Send events of this aggregate type to `topic`.
@@ -118,8 +118,9 @@ impl<T> RouteTable<T> {
 /// let route = Route::new("billing", "paid");
 /// assert_eq!(config.exchanges.iter().next(), Some(("order.paid", &route)));
 /// ```
+#[doc(hidden)]
 #[macro_export]
-macro_rules! route_builders {
+macro_rules! __route_builders {
     // One part is the destination itself; several make one with the `via` constructor.
     (@destination ; $destination:ident) => { $destination.into() };
     (@destination $make:path; $($part:ident),+) => { $make($($part),+) };
@@ -130,11 +131,14 @@ macro_rules! route_builders {
     )*) => {$(
         $(#[$attr])*
         $vis fn $name(mut self, $key: impl Into<String>, $($part: impl Into<String>),+) -> Self {
-            self.$($insert).+($key, $crate::route_builders!(@destination $($make)?; $($part),+));
+            self.$($insert).+($key, $crate::routing::route_builders!(@destination $($make)?; $($part),+));
             self
         }
     )*};
 }
+
+#[doc(inline)]
+pub use crate::__route_builders as route_builders;
 
 /// Chooses a destination for each event. The first that applies wins:
 /// 1. the event's own `destination` (set at enqueue);
@@ -162,7 +166,7 @@ impl Routing {
         }
     }
 
-    crate::route_builders! {
+    route_builders! {
         /// Send events of `event_type` to `destination`.
         #[must_use]
         pub fn event_type(event_type, destination) => rules.insert_event_type;

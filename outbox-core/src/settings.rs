@@ -1,15 +1,18 @@
 //! Settings as people write them: in a configuration file (deserialised with
-//! serde) and in environment variables, for the adapters' `*Settings` types.
+//! serde), as key/value text, and in environment variables, for the adapters'
+//! `*Settings` types.
 //!
 //! Each adapter has one settings struct whose fields are the keys of its
 //! `[broker.<kind>]` section, every one optional (unset keeps the adapter's
-//! default); its `with_vars` lays the `OUTBOX_<BROKER>_*` variables over it (the
-//! environment wins), reading them through [`Vars`], and its config's
+//! default). Text reaches a field one way: its `with_config(key, value)`, which
+//! reads the value as the file writes it ([`SettingField`]); its `with_vars` lays
+//! the `OUTBOX_<BROKER>_*` variables over the settings through `with_config` (the
+//! environment wins), reading them with [`Vars`]' rules. Its config's
 //! `from_settings` turns the result into the typed configuration, setting what is
 //! set with [`WithSetting::with_setting`]. The adapter declares the struct with
-//! [`env_settings!`](crate::env_settings): each field's variable is written once,
-//! next to the field. A config's `from_vars` reads the settings and the envelope
-//! with [`settings_and_envelope`]. A setting the adapter cannot use is a
+//! [`env_settings!`]: each field's variable is written once, next to the field. A
+//! config's `from_vars` reads the settings and the envelope with
+//! [`settings_and_envelope`]. A setting the adapter cannot use is a
 //! [`ConfigError`], held by the adapter's `Error::Config`.
 
 use std::collections::BTreeMap;
@@ -128,21 +131,23 @@ where
 }
 
 /// Declares an adapter's settings: the struct, an `ENV_*` constant for each
-/// variable, and its [`EnvOverrides`] implementation, from one list of fields. A
-/// variable is written once, on its field, so the struct, the constants, the
-/// override code and the variable table in `with`'s docs cannot drift apart.
+/// variable, its `with_config` and its [`EnvOverrides`] implementation, from one
+/// list of fields. A variable is written once, on its field, so the struct, the
+/// constants, the override code and the variable table in `with`'s docs cannot
+/// drift apart.
 ///
 /// Fields are written as in a struct, with their docs but without `pub`: settings
-/// are plain data, every field public. Each is an `Option` (unset keeps the
-/// adapter's default) or a collection. A field that a variable overrides is marked
-/// `#[env(CONST = "VARIABLE", read)]`, after its docs: `read` is the [`Vars`]
-/// method that reads the variable (`text`, `path`, `parse` or `millis`), and a set
-/// variable replaces the field. Unmarked fields come from the file only. After the
-/// struct, `type Error = ...;` is [`EnvOverrides::Error`] (it converts from
-/// [`ConfigError`]; a [`VarError`] becomes one naming the variable); an optional
-/// `then step;` names a method `fn(Self, &Vars) -> Result<Self, Error>` laying the
-/// variables a list cannot name (those of a prefix) after the listed ones, and the
-/// docs written above it are added to `with`'s.
+/// are plain data, every field public. Each is a [`SettingField`]: an `Option`
+/// (unset keeps the adapter's default) or a map set one entry at a time. A field
+/// that a variable overrides is marked `#[env(CONST = "VARIABLE")]` after its docs,
+/// or `#[env(CONST = "VARIABLE", millis)]` when the variable is a duration in whole
+/// milliseconds (the `*_MS` variables); the variable's value is the field's text
+/// otherwise. Unmarked fields come from the file and `with_config` only. After the
+/// struct, `type Error = ...;` is the adapter's error (it converts from
+/// [`ConfigError`]); an optional `then step;` names a method
+/// `fn(Self, &Vars) -> Result<Self, Error>` laying the variables a list cannot name
+/// (those of a prefix) after the listed ones, and the docs written above it are
+/// added to `with`'s.
 ///
 /// The struct derives `Debug`, `Clone`, `Default`, `PartialEq`, `Eq` and serde's
 /// `Deserialize` (the calling crate depends on `serde`), refuses unknown keys, takes
@@ -151,11 +156,11 @@ where
 /// ```
 /// use pgoutbox_core::settings::{ConfigError, EnvOverrides, HumanDuration};
 ///
-/// pgoutbox_core::env_settings! {
+/// pgoutbox_core::settings::env_settings! {
 ///     /// A broker's settings.
 ///     pub struct BrokerSettings {
 ///         /// The broker's URL.
-///         #[env(ENV_URL = "OUTBOX_BROKER_URL", text)]
+///         #[env(ENV_URL = "OUTBOX_BROKER_URL")]
 ///         url: Option<String>,
 ///         /// Longest wait for the broker.
 ///         #[env(ENV_TIMEOUT_MS = "OUTBOX_BROKER_TIMEOUT_MS", millis)]
@@ -172,25 +177,33 @@ where
 /// assert_eq!(settings.timeout, Some(HumanDuration::millis(250)));
 /// assert_eq!(settings.url, None);
 /// assert_eq!(ENV_URL, "OUTBOX_BROKER_URL");
+///
+/// let settings = settings.with_config("create_queues", "true").unwrap();
+/// assert_eq!(settings.create_queues, Some(true));
+/// let err = settings.with_config("timeout", "soon").unwrap_err();
+/// assert_eq!(err.key, "timeout");
 /// ```
+#[doc(hidden)]
 #[macro_export]
-macro_rules! env_settings {
-    // `text` and `path` cannot fail; `parse` and `millis` can.
-    (@read $vars:ident, text, $var:expr) => { $vars.text($var) };
-    (@read $vars:ident, path, $var:expr) => { $vars.path($var) };
-    (@read $vars:ident, $read:ident, $var:expr) => {
-        $vars.$read($var).map_err($crate::settings::ConfigError::from)?
+macro_rules! __env_settings {
+    // A variable's value as the field's text: a `*_MS` variable is whole milliseconds,
+    // the field a duration.
+    (@text $vars:ident, $var:expr, millis) => {
+        $vars
+            .millis($var)
+            .map_err($crate::settings::ConfigError::from)?
+            .map(|duration| duration.to_string())
     };
-    // For the docs: the unit of a variable whose value is not written as in the file
-    // (a `*_MS` variable is whole milliseconds, the file's setting a duration).
+    (@text $vars:ident, $var:expr, ) => { $vars.text($var) };
+    // For the docs: the unit of a variable whose value is not written as in the file.
     (@unit millis) => { ", in milliseconds" };
-    (@unit $read:ident) => { "" };
+    (@unit) => { "" };
     (
         $(#[$meta:meta])*
         $vis:vis struct $name:ident {
             $(
                 $(#[doc = $doc:expr])*
-                $(#[env($const:ident = $var:literal, $read:ident)])?
+                $(#[env($const:ident = $var:literal $(, $unit:ident)?)])?
                 $field:ident: $ty:ty,
             )*
         }
@@ -200,7 +213,7 @@ macro_rules! env_settings {
         $($(
             #[doc = concat!(
                 "Environment variable `", $var, "`: [`", stringify!($name), "::",
-                stringify!($field), "`]", $crate::env_settings!(@unit $read), ".",
+                stringify!($field), "`]", $crate::settings::env_settings!(@unit $($unit)?), ".",
             )]
             $vis const $const: &str = $var;
         )?)*
@@ -216,6 +229,53 @@ macro_rules! env_settings {
             )*
         }
 
+        impl $name {
+            /// These settings with the setting `key` (a key of the configuration
+            /// file's section, e.g. `timeout`; a map's entry as `<key>.<name>`) set
+            /// from `value`, written as the file writes it (`"5s"`, `"true"`, `"8"`).
+            /// The one way text becomes a setting: the environment goes through it
+            /// too. An unknown key or a value the setting cannot take is an error
+            /// naming the key.
+            $vis fn with_config(
+                mut self,
+                key: &str,
+                value: &str,
+            ) -> ::core::result::Result<Self, $error> {
+                self.set_config(key, value)?;
+                ::core::result::Result::Ok(self)
+            }
+
+            fn set_config(
+                &mut self,
+                key: &str,
+                value: &str,
+            ) -> ::core::result::Result<(), $crate::settings::ConfigError> {
+                let (field, entry) = match key.split_once('.') {
+                    ::core::option::Option::Some((field, entry)) => {
+                        (field, ::core::option::Option::Some(entry))
+                    }
+                    ::core::option::Option::None => (key, ::core::option::Option::None),
+                };
+                let set = match field {
+                    $(stringify!($field) => $crate::settings::SettingField::set_text(
+                        &mut self.$field,
+                        entry,
+                        value,
+                    ),)*
+                    _ => {
+                        let keys: &[&str] = &[$(stringify!($field)),*];
+                        return ::core::result::Result::Err($crate::settings::ConfigError::new(
+                            key,
+                            ::std::format!("unknown setting (the settings: {})", keys.join(", ")),
+                        ));
+                    }
+                };
+                set.map_err(|reason| {
+                    $crate::settings::ConfigError::new(key, ::std::format!("`{value}`: {reason}"))
+                })
+            }
+        }
+
         impl $crate::settings::EnvOverrides for $name {
             type Error = $error;
 
@@ -227,7 +287,7 @@ macro_rules! env_settings {
             $($(
                 #[doc = concat!(
                     "| `", $var, "` | `", stringify!($field), "`",
-                    $crate::env_settings!(@unit $read), " |",
+                    $crate::settings::env_settings!(@unit $($unit)?), " |",
                 )]
             )?)*
             $($(#[doc = $step_doc])*)?
@@ -236,7 +296,13 @@ macro_rules! env_settings {
                 vars: &$crate::settings::Vars,
             ) -> ::core::result::Result<Self, $error> {
                 $($(
-                    self.$field = $crate::env_settings!(@read vars, $read, $const).or(self.$field);
+                    let text = $crate::settings::env_settings!(@text vars, $const, $($unit)?);
+                    if let ::core::option::Option::Some(text) = text {
+                        // The error names the variable, not the key.
+                        self.set_config(stringify!($field), &text).map_err(|e| {
+                            $crate::settings::ConfigError::new($const, e.reason)
+                        })?;
+                    }
                 )?)*
                 $(self = Self::$step(self, vars)?;)?
                 ::core::result::Result::Ok(self)
@@ -245,8 +311,81 @@ macro_rules! env_settings {
     };
 }
 
+#[doc(inline)]
+pub use crate::__env_settings as env_settings;
+
+/// A field of an adapter's settings that text can set (see [`env_settings!`]'s
+/// `with_config`): an `Option` of a [`SettingValue`], or a map of them set one
+/// entry at a time.
+pub trait SettingField {
+    /// Set from `text`. `entry` is what followed the field's name and a `.` in the
+    /// key: a map's entry, `None` for a plain field. The error says why.
+    fn set_text(&mut self, entry: Option<&str>, text: &str) -> Result<(), String>;
+}
+
+impl<T: SettingValue> SettingField for Option<T> {
+    fn set_text(&mut self, entry: Option<&str>, text: &str) -> Result<(), String> {
+        if let Some(entry) = entry {
+            return Err(format!("the setting has one value, no entry `{entry}`"));
+        }
+        *self = Some(T::from_text(text)?);
+        Ok(())
+    }
+}
+
+impl<T: SettingValue> SettingField for BTreeMap<String, T> {
+    fn set_text(&mut self, entry: Option<&str>, text: &str) -> Result<(), String> {
+        match entry.filter(|e| !e.is_empty()) {
+            Some(entry) => {
+                self.insert(entry.to_string(), T::from_text(text)?);
+                Ok(())
+            }
+            None => Err("set one entry at a time: `<setting>.<name>`".into()),
+        }
+    }
+}
+
+/// A value a setting holds, read from its text as the configuration file writes it.
+pub trait SettingValue: Sized {
+    /// The value `text` writes; the error says why there is none.
+    fn from_text(text: &str) -> Result<Self, String>;
+}
+
+/// As written: a URL, a name, a password are not trimmed.
+impl SettingValue for String {
+    fn from_text(text: &str) -> Result<Self, String> {
+        Ok(text.to_string())
+    }
+}
+
+impl SettingValue for PathBuf {
+    fn from_text(text: &str) -> Result<Self, String> {
+        Ok(PathBuf::from(text.trim()))
+    }
+}
+
+impl SettingValue for HumanDuration {
+    fn from_text(text: &str) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+/// Values written as Rust's `FromStr` reads them, around blanks.
+macro_rules! setting_value_from_str {
+    ($($ty:ty),*) => {$(
+        impl SettingValue for $ty {
+            fn from_text(text: &str) -> Result<Self, String> {
+                text.trim().parse().map_err(|e: <$ty as FromStr>::Err| e.to_string())
+            }
+        }
+    )*};
+}
+
+setting_value_from_str!(bool, i32, i64, u16, u32, u64, usize);
+
 /// Builder steps for the settings that are set, so a config's `from_settings` reads
 /// as one line per setting: `Config::default().with_setting(&s.url, Config::url)`.
+/// An adapter's config opts in with `impl WithSetting for Config {}`.
 pub trait WithSetting: Sized {
     /// `set(self, value)` with the value of `setting` if it is set, else `self`
     /// unchanged (the default stays).
@@ -261,8 +400,6 @@ pub trait WithSetting: Sized {
         }
     }
 }
-
-impl<C> WithSetting for C {}
 
 /// An environment variable whose value could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -351,11 +488,6 @@ impl Vars {
         self.0.get(var).cloned()
     }
 
-    /// A path.
-    pub fn path(&self, var: &str) -> Option<PathBuf> {
-        self.0.get(var).map(|v| PathBuf::from(v.trim()))
-    }
-
     /// A value parsed with `FromStr` (numbers, `true`/`false`).
     pub fn parse<T>(&self, var: &str) -> Result<Option<T>, VarError>
     where
@@ -410,6 +542,7 @@ mod tests {
             ("P_ONE".to_string(), "1".to_string()),
         ]);
         assert_eq!(vars.text("A"), None);
+        assert_eq!(vars.text("N").as_deref(), Some("12"));
         assert_eq!(vars.parse::<u32>("N"), Ok(Some(12)));
         assert_eq!(vars.millis("N"), Ok(Some(HumanDuration::millis(12))));
         assert_eq!(vars.parse::<u32>("MISSING"), Ok(None));
@@ -421,6 +554,69 @@ mod tests {
             "{err}"
         );
         assert_eq!(vars.with_prefix("P_").collect::<Vec<_>>(), [("ONE", "1")]);
+    }
+
+    env_settings! {
+        /// Settings of a test.
+        struct TestSettings {
+            #[env(ENV_NAME = "TEST_NAME")]
+            name: Option<String>,
+            #[env(ENV_WAIT_MS = "TEST_WAIT_MS", millis)]
+            wait: Option<HumanDuration>,
+            #[env(ENV_LIMIT = "TEST_LIMIT")]
+            limit: Option<u32>,
+            tags: BTreeMap<String, String>,
+        }
+        type Error = ConfigError;
+    }
+
+    #[test]
+    fn text_reaches_a_setting_by_its_key_and_names_the_key_when_refused() {
+        let s = TestSettings::default()
+            .with_config("name", " as written ")
+            .and_then(|s| s.with_config("wait", "2s"))
+            .and_then(|s| s.with_config("limit", " 8 "))
+            .and_then(|s| s.with_config("tags.team.name", "orders"))
+            .unwrap();
+        assert_eq!(s.name.as_deref(), Some(" as written "));
+        assert_eq!(s.wait, Some(HumanDuration::secs(2)));
+        assert_eq!(s.limit, Some(8));
+        assert_eq!(s.tags.get("team.name").map(String::as_str), Some("orders"));
+
+        let refused =
+            |key: &str, value: &str| TestSettings::default().with_config(key, value).unwrap_err();
+        let err = refused("colour", "red");
+        assert_eq!(err.key, "colour");
+        assert!(err.reason.contains("name, wait, limit, tags"), "{err}");
+        let err = refused("limit", "-1");
+        assert_eq!(err.key, "limit");
+        assert!(err.reason.starts_with("`-1`: "), "{err}");
+        assert_eq!(refused("wait", "soon").key, "wait");
+        assert!(refused("limit.x", "1").reason.contains("no entry `x`"));
+        assert!(refused("tags", "x").reason.contains("one entry at a time"));
+    }
+
+    #[test]
+    fn variables_go_through_the_keys_and_errors_name_the_variable() {
+        let s = TestSettings::default()
+            .with_config("limit", "3")
+            .unwrap()
+            .with_vars([
+                ("TEST_WAIT_MS", "250"),
+                ("TEST_LIMIT", " "),
+                ("TEST_NAME", "n"),
+            ])
+            .unwrap();
+        assert_eq!(s.wait, Some(HumanDuration::millis(250)));
+        assert_eq!(s.limit, Some(3), "a blank variable is unset");
+        assert_eq!(s.name.as_deref(), Some("n"));
+        for (var, value) in [("TEST_LIMIT", "many"), ("TEST_WAIT_MS", "2s")] {
+            let err = TestSettings::default()
+                .with_vars([(var, value)])
+                .unwrap_err();
+            assert_eq!(err.key, var);
+            assert!(err.reason.contains(&format!("`{value}`")), "{err}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub const ENV_RDKAFKA_PREFIX: &str = "OUTBOX_KAFKA_RDKAFKA_";
 /// aggregate into tansu, 1,801 with 0; docs/benchmarks-history.md, "Hot aggregates into Kafka").
 const LINGER_MS: &str = "0";
 
-pgoutbox_core::env_settings! {
+pgoutbox_core::settings::env_settings! {
     /// Kafka settings as a configuration file or the environment writes them, every
     /// one optional (unset: the default of [`KafkaConfig`]; `brokers` is required).
     /// The `outbox` binary reads its `[broker.kafka]` section into this, lays the
@@ -35,14 +35,14 @@ pgoutbox_core::env_settings! {
     pub struct KafkaSettings {
         /// The bootstrap servers, `host:port[,host:port...]`. Required by
         /// [`KafkaConfig::from_settings`] and [`KafkaConfig::from_env`].
-        #[env(ENV_BROKERS = "OUTBOX_KAFKA_BROKERS", text)]
+        #[env(ENV_BROKERS = "OUTBOX_KAFKA_BROKERS")]
         brokers: Option<String>,
         /// [`KafkaConfig::topic_prefix`]: the topic prefix of the default route.
-        #[env(ENV_TOPIC_PREFIX = "OUTBOX_KAFKA_TOPIC_PREFIX", text)]
+        #[env(ENV_TOPIC_PREFIX = "OUTBOX_KAFKA_TOPIC_PREFIX")]
         topic_prefix: Option<String>,
         /// [`KafkaConfig::topic`]: one topic for all events without a more specific
         /// route.
-        #[env(ENV_TOPIC = "OUTBOX_KAFKA_TOPIC", text)]
+        #[env(ENV_TOPIC = "OUTBOX_KAFKA_TOPIC")]
         topic: Option<String>,
         /// [`KafkaConfig::delivery_timeout`], e.g. `"20s"`.
         #[env(ENV_DELIVERY_TIMEOUT_MS = "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS", millis)]
@@ -52,7 +52,7 @@ pgoutbox_core::env_settings! {
         queue_timeout: Option<HumanDuration>,
         /// A file holding the SASL password (`sasl.password`), e.g. a mounted secret;
         /// the file's text without its trailing line break.
-        #[env(ENV_SASL_PASSWORD_FILE = "OUTBOX_KAFKA_SASL_PASSWORD_FILE", path)]
+        #[env(ENV_SASL_PASSWORD_FILE = "OUTBOX_KAFKA_SASL_PASSWORD_FILE")]
         sasl_password_file: Option<PathBuf>,
         /// Create the topics this configuration names ([`KafkaConfig::named_topics`])
         /// when missing, with this many partitions, before publishing
@@ -80,10 +80,9 @@ impl KafkaSettings {
                 )
                 .into());
             }
-            self.properties.insert(
-                name.to_ascii_lowercase().replace('_', "."),
-                value.to_string(),
-            );
+            let key = format!("properties.{}", name.to_ascii_lowercase().replace('_', "."));
+            self.set_config(&key, value)
+                .map_err(|e| ConfigError::new(format!("{ENV_RDKAFKA_PREFIX}{name}"), e.reason))?;
         }
         Ok(self)
     }
@@ -132,6 +131,9 @@ impl std::fmt::Debug for KafkaConfig {
             .finish()
     }
 }
+
+/// `from_settings` sets what the settings set, one line each.
+impl WithSetting for KafkaConfig {}
 
 impl KafkaConfig {
     /// A configuration for these bootstrap servers (`host:port[,host:port...]`).
@@ -233,7 +235,7 @@ impl KafkaConfig {
         topics.into_iter().map(str::to_string).collect()
     }
 
-    pgoutbox_core::route_builders! {
+    pgoutbox_core::routing::route_builders! {
         /// Send events of this aggregate type to `topic`. Defaults to no such route.
         pub fn route_aggregate_type(aggregate_type, topic)
             => routing.topics.rules.insert_aggregate_type;
@@ -396,6 +398,46 @@ mod tests {
         let client = config.client_config().unwrap();
         assert_eq!(client.get("compression.type"), Some("lz4"));
         assert_eq!(client.get("linger.ms"), Some("5"));
+    }
+
+    #[test]
+    fn key_value_text_reads_as_the_file_does() {
+        let text: KafkaSettings = toml::from_str(
+            r#"
+            brokers = "a:9092"
+            queue_timeout = "2s"
+            create_topics_with_partitions = 3
+            [properties]
+            "security.protocol" = "SASL_SSL"
+            "#,
+        )
+        .unwrap();
+        let keyed = [
+            ("brokers", "a:9092"),
+            ("queue_timeout", "2s"),
+            ("create_topics_with_partitions", "3"),
+            ("properties.security.protocol", "SASL_SSL"),
+        ]
+        .into_iter()
+        .try_fold(KafkaSettings::default(), |s, (key, value)| {
+            s.with_config(key, value)
+        })
+        .unwrap();
+        assert_eq!(keyed, text);
+        let err = KafkaSettings::default()
+            .with_config("partitions", "3")
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(e) if e.key == "partitions"),
+            "{err}"
+        );
+        let err = KafkaSettings::default()
+            .with_config("create_topics_with_partitions", "three")
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(e) if e.key == "create_topics_with_partitions"),
+            "{err}"
+        );
     }
 
     #[test]

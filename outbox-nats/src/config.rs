@@ -67,7 +67,7 @@ pub struct NatsConfig {
     pub envelope: Envelope,
 }
 
-pgoutbox_core::env_settings! {
+pgoutbox_core::settings::env_settings! {
     /// NATS settings as a configuration file or the environment writes them, every
     /// one optional (unset: the default of [`NatsConfig`]). The `outbox` binary reads
     /// its `[broker.nats]` section into this, lays the environment over it
@@ -75,52 +75,52 @@ pgoutbox_core::env_settings! {
     /// config with [`NatsConfig::from_settings`].
     pub struct NatsSettings {
         /// [`NatsConfig::url`].
-        #[env(ENV_URL = "OUTBOX_NATS_URL", text)]
+        #[env(ENV_URL = "OUTBOX_NATS_URL")]
         url: Option<String>,
         /// Prefix of the default [`SubjectRouting`].
-        #[env(ENV_SUBJECT_PREFIX = "OUTBOX_NATS_SUBJECT_PREFIX", text)]
+        #[env(ENV_SUBJECT_PREFIX = "OUTBOX_NATS_SUBJECT_PREFIX")]
         subject_prefix: Option<String>,
         /// [`NatsConfig::timeout`], e.g. `"5s"`.
         #[env(ENV_TIMEOUT_MS = "OUTBOX_NATS_TIMEOUT_MS", millis)]
         timeout: Option<HumanDuration>,
         /// [`NatsConfig::max_in_flight`].
-        #[env(ENV_MAX_IN_FLIGHT = "OUTBOX_NATS_MAX_IN_FLIGHT", parse)]
+        #[env(ENV_MAX_IN_FLIGHT = "OUTBOX_NATS_MAX_IN_FLIGHT")]
         max_in_flight: Option<usize>,
         /// [`NatsConfig::client_name`].
-        #[env(ENV_CLIENT_NAME = "OUTBOX_NATS_CLIENT_NAME", text)]
+        #[env(ENV_CLIENT_NAME = "OUTBOX_NATS_CLIENT_NAME")]
         client_name: Option<String>,
         /// User of [`NatsConfig::user_password`].
-        #[env(ENV_USER = "OUTBOX_NATS_USER", text)]
+        #[env(ENV_USER = "OUTBOX_NATS_USER")]
         user: Option<String>,
         /// Password of [`NatsConfig::user_password`].
-        #[env(ENV_PASSWORD = "OUTBOX_NATS_PASSWORD", text)]
+        #[env(ENV_PASSWORD = "OUTBOX_NATS_PASSWORD")]
         password: Option<String>,
         /// [`NatsConfig::token`].
-        #[env(ENV_TOKEN = "OUTBOX_NATS_TOKEN", text)]
+        #[env(ENV_TOKEN = "OUTBOX_NATS_TOKEN")]
         token: Option<String>,
         /// The password, read from this file (a mounted secret).
-        #[env(ENV_PASSWORD_FILE = "OUTBOX_NATS_PASSWORD_FILE", path)]
+        #[env(ENV_PASSWORD_FILE = "OUTBOX_NATS_PASSWORD_FILE")]
         password_file: Option<PathBuf>,
         /// The token, read from this file (a mounted secret).
-        #[env(ENV_TOKEN_FILE = "OUTBOX_NATS_TOKEN_FILE", path)]
+        #[env(ENV_TOKEN_FILE = "OUTBOX_NATS_TOKEN_FILE")]
         token_file: Option<PathBuf>,
         /// [`NatsConfig::tls_required`], `true` or `false`.
-        #[env(ENV_TLS_REQUIRED = "OUTBOX_NATS_TLS_REQUIRED", parse)]
+        #[env(ENV_TLS_REQUIRED = "OUTBOX_NATS_TLS_REQUIRED")]
         tls_required: Option<bool>,
         /// [`NatsConfig::tls_ca_file`].
-        #[env(ENV_TLS_CA = "OUTBOX_NATS_TLS_CA", path)]
+        #[env(ENV_TLS_CA = "OUTBOX_NATS_TLS_CA")]
         tls_ca: Option<PathBuf>,
         /// Certificate of [`NatsConfig::tls_client_cert`].
-        #[env(ENV_TLS_CERT = "OUTBOX_NATS_TLS_CERT", path)]
+        #[env(ENV_TLS_CERT = "OUTBOX_NATS_TLS_CERT")]
         tls_cert: Option<PathBuf>,
         /// Key of [`NatsConfig::tls_client_cert`].
-        #[env(ENV_TLS_KEY = "OUTBOX_NATS_TLS_KEY", path)]
+        #[env(ENV_TLS_KEY = "OUTBOX_NATS_TLS_KEY")]
         tls_key: Option<PathBuf>,
         /// [`NatsConfig::credentials_file`].
-        #[env(ENV_CREDS = "OUTBOX_NATS_CREDS", path)]
+        #[env(ENV_CREDS = "OUTBOX_NATS_CREDS")]
         creds: Option<PathBuf>,
         /// [`NatsConfig::nkey_seed_file`].
-        #[env(ENV_NKEY_FILE = "OUTBOX_NATS_NKEY_FILE", path)]
+        #[env(ENV_NKEY_FILE = "OUTBOX_NATS_NKEY_FILE")]
         nkey_file: Option<PathBuf>,
         /// A JetStream stream to create (or update) over the subjects before
         /// publishing ([`NatsPublisher::ensure_stream`]); the `outbox` binary's
@@ -172,6 +172,9 @@ impl Default for NatsConfig {
         Self::new(DEFAULT_URL)
     }
 }
+
+/// `from_settings` sets what the settings set, one line each.
+impl WithSetting for NatsConfig {}
 
 impl NatsConfig {
     /// Defaults, with this server URL.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pgoutbox_core::envelope::{self, Envelope};
+use pgoutbox_core::settings::Vars;
 use pgoutbox_core::{RelayConfig, RetryPolicy};
 use pgoutbox_postgres::{AfterDeadLetter, Ident, Retention, StoreConfig, Tables, Wakeup};
 use serde::{Deserialize, Deserializer};
@@ -425,7 +426,7 @@ pub(crate) fn load(path: Option<&Path>) -> Result<Settings, Failure> {
             .map_err(|e| Failure::config(format!("config file {}{e}", file.path)))?,
         None => toml::Table::new(),
     };
-    apply_env(&mut table, |name| std::env::var(name).ok()).map_err(Failure::config)?;
+    apply_env(&mut table, &Vars::from_env()).map_err(Failure::config)?;
     let mut file = file_config(table).map_err(|e| Failure::config(e.message()))?;
     file.broker.text = text;
     validate(file)
@@ -519,13 +520,13 @@ const ENV_VARS: &[(&str, &str, Kind)] = &[
     ("OUTBOX_WAL_REPLICATION_URL",      "wal.replication_url",      Kind::Text),
 ];
 
-/// Lay every `OUTBOX_*` variable that is set and not empty over the file's `table`:
-/// each sets its key, so the file's rules (the sections' types) are the only
-/// rules. A value its key refuses is an error naming the variable, and is not laid
-/// over `table`.
-fn apply_env(table: &mut toml::Table, var: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+/// Lay every `OUTBOX_*` variable that is set over the file's `table` (an empty or
+/// blank one counts as unset, as [`Vars`] reads every variable): each sets its key,
+/// so the file's rules (the sections' types) are the only rules. A value its key
+/// refuses is an error naming the variable, and is not laid over `table`.
+fn apply_env(table: &mut toml::Table, vars: &Vars) -> Result<(), String> {
     for (name, key, kind) in ENV_VARS {
-        let Some(value) = var(name).filter(|v| !v.trim().is_empty()) else {
+        let Some(value) = vars.text(name) else {
             continue;
         };
         let bad = |reason: String| format!("environment variable {name}=`{value}`: {reason}");
@@ -552,7 +553,7 @@ fn apply_env(table: &mut toml::Table, var: impl Fn(&str) -> Option<String>) -> R
         .and_then(toml::Value::as_str)
         .is_some_and(|u| !u.trim().is_empty());
     if !url_set {
-        if let Some(url) = var("DATABASE_URL").filter(|v| !v.trim().is_empty()) {
+        if let Some(url) = vars.text("DATABASE_URL") {
             set_key(table, "database.url", toml::Value::String(url));
         }
     }
@@ -1002,16 +1003,18 @@ mod tests {
     #[test]
     fn env_overrides_the_file() {
         let mut t = parse_table("[relay]\nbatch_size = 10\n").unwrap();
-        apply_env(&mut t, |n| match n {
-            "OUTBOX_BATCH_SIZE" => Some("50".into()),
-            "OUTBOX_RETENTION" => Some("delete".into()),
-            "OUTBOX_DATABASE_URL" => Some("postgres://x/y".into()),
-            _ => None,
-        })
+        apply_env(
+            &mut t,
+            &Vars::new([
+                ("OUTBOX_BATCH_SIZE", "50"),
+                ("OUTBOX_RETENTION", "delete"),
+                ("OUTBOX_DATABASE_URL", "postgres://x/y"),
+                ("OUTBOX_WORKERS", " "),
+            ]),
+        )
         .unwrap();
         assert_eq!(file_config(t.clone()).unwrap().relay.batch_size, 50);
-        let err =
-            apply_env(&mut t, |n| (n == "OUTBOX_WORKERS").then(|| "many".into())).unwrap_err();
+        let err = apply_env(&mut t, &Vars::new([("OUTBOX_WORKERS", "many")])).unwrap_err();
         assert!(err.contains("OUTBOX_WORKERS"), "{err}");
     }
 
@@ -1025,21 +1028,22 @@ mod tests {
                 Kind::Text => "1s",
             };
             let mut t = toml::Table::new();
-            apply_env(&mut t, |n| (n == *name).then(|| value.into()))
+            apply_env(&mut t, &Vars::new([(*name, value)]))
                 .unwrap_or_else(|e| panic!("{name} ({key}): {e}"));
             let (section, field) = key.split_once('.').unwrap();
             assert!(t[section].get(field).is_some(), "{name} sets {key}: {t:?}");
         }
-        let err = apply_env(&mut toml::Table::new(), |n| {
-            (n == "OUTBOX_WAKEUP").then(|| "often".into())
-        })
+        let err = apply_env(
+            &mut toml::Table::new(),
+            &Vars::new([("OUTBOX_WAKEUP", "often")]),
+        )
         .unwrap_err();
         assert!(
             err.contains("OUTBOX_WAKEUP") && err.contains("often"),
             "{err}"
         );
         let mut t = toml::Table::new();
-        apply_env(&mut t, |n| (n == "OUTBOX_SCHEMA").then(|| "orders".into())).unwrap();
+        apply_env(&mut t, &Vars::new([("OUTBOX_SCHEMA", "orders")])).unwrap();
         assert_eq!(file_config(t).unwrap().tables.unwrap().schema, "orders");
         let docs = include_str!("../../docs/operations.md");
         for (name, key, _) in ENV_VARS {
@@ -1053,16 +1057,10 @@ mod tests {
         let mut t = parse_table("[relay]\nbroker_probe_max = \"30s\"\n").unwrap();
         let f = file_config(t.clone()).unwrap();
         assert_eq!(f.relay.broker_probe_max.0, Duration::from_secs(30));
-        apply_env(&mut t, |n| {
-            (n == "OUTBOX_BROKER_PROBE_MAX").then(|| "2s".into())
-        })
-        .unwrap();
+        apply_env(&mut t, &Vars::new([("OUTBOX_BROKER_PROBE_MAX", "2s")])).unwrap();
         let f = file_config(t.clone()).unwrap();
         assert_eq!(f.relay.broker_probe_max.0, Duration::from_secs(2));
-        let err = apply_env(&mut t, |n| {
-            (n == "OUTBOX_BROKER_PROBE_MAX").then(|| "soon".into())
-        })
-        .unwrap_err();
+        let err = apply_env(&mut t, &Vars::new([("OUTBOX_BROKER_PROBE_MAX", "soon")])).unwrap_err();
         assert!(err.contains("OUTBOX_BROKER_PROBE_MAX"), "{err}");
     }
 
@@ -1074,14 +1072,12 @@ synchronous_commit = true
 ",
         )
         .unwrap();
-        apply_env(&mut t, |n| {
-            (n == "OUTBOX_SYNCHRONOUS_COMMIT").then(|| "false".into())
-        })
-        .unwrap();
+        apply_env(&mut t, &Vars::new([("OUTBOX_SYNCHRONOUS_COMMIT", "false")])).unwrap();
         assert!(!file_config(t.clone()).unwrap().relay.synchronous_commit);
-        let err = apply_env(&mut t, |n| {
-            (n == "OUTBOX_SYNCHRONOUS_COMMIT").then(|| "sometimes".into())
-        })
+        let err = apply_env(
+            &mut t,
+            &Vars::new([("OUTBOX_SYNCHRONOUS_COMMIT", "sometimes")]),
+        )
         .unwrap_err();
         assert!(err.contains("OUTBOX_SYNCHRONOUS_COMMIT"), "{err}");
         let f = file_config(t).unwrap();
@@ -1090,23 +1086,20 @@ synchronous_commit = true
 
     #[test]
     fn database_url_is_the_last_fallback() {
-        let lookup = |n: &str| match n {
-            "DATABASE_URL" => Some("postgres://fallback/db".into()),
-            _ => None,
-        };
-        let with_env = |text: &str, var: &dyn Fn(&str) -> Option<String>| {
+        let fallback = ("DATABASE_URL", "postgres://fallback/db");
+        let with_env = |text: &str, vars: &[(&str, &str)]| {
             let mut table = parse_table(text).unwrap();
-            apply_env(&mut table, var).unwrap();
+            apply_env(&mut table, &Vars::new(vars.iter().copied())).unwrap();
             file_config(table).unwrap()
         };
-        let none = with_env("", &lookup);
+        let none = with_env("", &[fallback]);
         assert_eq!(none.database.url.as_deref(), Some("postgres://fallback/db"));
-        let in_file = with_env("[database]\nurl = \"postgres://file/db\"\n", &lookup);
+        let in_file = with_env("[database]\nurl = \"postgres://file/db\"\n", &[fallback]);
         assert_eq!(in_file.database.url.as_deref(), Some("postgres://file/db"));
-        let from_outbox_var = with_env("", &|n| match n {
-            "OUTBOX_DATABASE_URL" => Some("postgres://outbox/db".into()),
-            other => lookup(other),
-        });
+        let from_outbox_var = with_env(
+            "",
+            &[("OUTBOX_DATABASE_URL", "postgres://outbox/db"), fallback],
+        );
         assert_eq!(
             from_outbox_var.database.url.as_deref(),
             Some("postgres://outbox/db")
@@ -1166,11 +1159,13 @@ synchronous_commit = true
         assert_eq!(d.console.token_file, None);
         assert_eq!(d.console.sample_interval, Duration::from_secs(5));
         let mut t = parse_table("[console]\nenabled = false\n").unwrap();
-        apply_env(&mut t, |n| match n {
-            "OUTBOX_CONSOLE" => Some("true".into()),
-            "OUTBOX_CONSOLE_TOKEN_FILE" => Some("/run/token".into()),
-            _ => None,
-        })
+        apply_env(
+            &mut t,
+            &Vars::new([
+                ("OUTBOX_CONSOLE", "true"),
+                ("OUTBOX_CONSOLE_TOKEN_FILE", "/run/token"),
+            ]),
+        )
         .unwrap();
         let s = validate(file_config(t).unwrap()).unwrap();
         assert!(s.console.enabled);

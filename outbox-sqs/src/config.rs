@@ -16,7 +16,7 @@ use crate::routing::{parse_target, Routing};
 /// SQS's largest message (body plus attributes), in bytes: 256 KiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
 
-pgoutbox_core::env_settings! {
+pgoutbox_core::settings::env_settings! {
     /// SQS settings as a configuration file or the environment writes them, every
     /// one optional (unset: the default of [`SqsConfig`]). The `outbox` binary reads
     /// its `[broker.sqs]` section into this, lays the environment over it
@@ -24,16 +24,16 @@ pgoutbox_core::env_settings! {
     /// config with [`SqsConfig::from_settings`].
     pub struct SqsSettings {
         /// [`SqsConfig::queue`]: the default queue, a queue URL or name.
-        #[env(ENV_QUEUE = "OUTBOX_SQS_QUEUE", text)]
+        #[env(ENV_QUEUE = "OUTBOX_SQS_QUEUE")]
         queue: Option<String>,
         /// [`SqsConfig::queue_prefix`]: the queue name prefix of the default route.
-        #[env(ENV_QUEUE_PREFIX = "OUTBOX_SQS_QUEUE_PREFIX", text)]
+        #[env(ENV_QUEUE_PREFIX = "OUTBOX_SQS_QUEUE_PREFIX")]
         queue_prefix: Option<String>,
         /// [`SqsConfig::endpoint`], e.g. `http://127.0.0.1:5000` for moto.
-        #[env(ENV_ENDPOINT = "OUTBOX_SQS_ENDPOINT", text)]
+        #[env(ENV_ENDPOINT = "OUTBOX_SQS_ENDPOINT")]
         endpoint: Option<String>,
         /// [`SqsConfig::region`] (else the AWS chain: `AWS_REGION`, profile...).
-        #[env(ENV_REGION = "OUTBOX_SQS_REGION", text)]
+        #[env(ENV_REGION = "OUTBOX_SQS_REGION")]
         region: Option<String>,
         /// [`SqsConfig::timeout`] of one SQS call, e.g. `"10s"`.
         #[env(ENV_TIMEOUT_MS = "OUTBOX_SQS_TIMEOUT_MS", millis)]
@@ -75,6 +75,9 @@ impl Default for SqsConfig {
         }
     }
 }
+
+/// `from_settings` sets what the settings set, one line each.
+impl WithSetting for SqsConfig {}
 
 impl SqsConfig {
     /// A configuration sending every event to `queue` (a queue URL, or a name resolved
@@ -132,7 +135,7 @@ impl SqsConfig {
         self
     }
 
-    pgoutbox_core::route_builders! {
+    pgoutbox_core::routing::route_builders! {
         /// Send events of this aggregate type to `queue` (URL or name). Defaults to no such route.
         pub fn route_aggregate_type(aggregate_type, queue)
             => routing.queues.rules.insert_aggregate_type;

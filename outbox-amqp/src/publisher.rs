@@ -257,30 +257,29 @@ impl AmqpPublisher {
             let mut channels = idle.lock().unwrap_or_else(PoisonError::into_inner);
             std::iter::from_fn(|| channels.pop()).find(|c| c.status().connected())
         };
-        if let Some(channel) = reused {
-            return Ok(ConfirmChannel {
-                channel,
-                idle,
-                settled: false,
-                _permit: permit,
-            });
-        }
-        // Opening a channel takes the link again: the one the permit came from, or a
-        // new one if it was lost meanwhile (the permit then counts against the old
-        // link's channels: a reconnect may briefly open more).
-        let config = &self.inner.config;
-        let mut state = self.inner.state.lock().await;
-        let link = self.link(&mut state).await?;
-        let channel = tokio::time::timeout(config.timeout, open_confirm_channel(&link.connection))
-            .await
-            .unwrap_or_else(|_| Err(format!("no channel within {:?}", config.timeout)))
-            .map_err(|reason| Error::Connect {
-                url: redact_url(&config.url),
-                reason,
-            })?;
+        let (channel, idle) = match reused {
+            Some(channel) => (channel, idle),
+            None => {
+                // Opening a channel takes the link again: the one the permit came
+                // from, or a new one if it was lost meanwhile (the permit then counts
+                // against the old link's channels: a reconnect may briefly open more).
+                let config = &self.inner.config;
+                let mut state = self.inner.state.lock().await;
+                let link = self.link(&mut state).await?;
+                let channel =
+                    tokio::time::timeout(config.timeout, open_confirm_channel(&link.connection))
+                        .await
+                        .unwrap_or_else(|_| Err(format!("no channel within {:?}", config.timeout)))
+                        .map_err(|reason| Error::Connect {
+                            url: redact_url(&config.url),
+                            reason,
+                        })?;
+                (channel, Arc::clone(&link.idle))
+            }
+        };
         Ok(ConfirmChannel {
             channel,
-            idle: Arc::clone(&link.idle),
+            idle,
             settled: false,
             _permit: permit,
         })

@@ -10,15 +10,27 @@ pub(crate) struct MachineAtStart {
 }
 
 /// The aggregate `cpu` line of `/proc/stat`, in clock ticks.
-#[derive(Clone, Copy)]
-struct CpuTimes {
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CpuTimes {
     total: u64,
     steal: u64,
+    /// Idle, waiting for I/O included.
     idle: u64,
+    iowait: u64,
+}
+
+/// Shares of the CPU time between two readings of [`CpuTimes`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CpuShares {
+    pub(crate) idle: f64,
+    /// The virtual CPUs were runnable but the host ran something else.
+    pub(crate) steal: f64,
+    /// Idle with I/O outstanding (a commit waiting for its WAL flush shows here).
+    pub(crate) iowait: f64,
 }
 
 impl CpuTimes {
-    fn read() -> Option<Self> {
+    pub(crate) fn read() -> Option<Self> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
         let fields: Vec<u64> = stat
             .lines()
@@ -34,6 +46,19 @@ impl CpuTimes {
             total: (0..8).map(get).sum(),
             steal: get(7),
             idle: get(3) + get(4),
+            iowait: get(4),
+        })
+    }
+
+    /// The shares of the time from this reading to `later`; `None` when no tick
+    /// passed.
+    pub(crate) fn shares_until(&self, later: &Self) -> Option<CpuShares> {
+        let total = later.total.checked_sub(self.total).filter(|&t| t > 0)? as f64;
+        let share = |x: u64, y: u64| y.saturating_sub(x) as f64 / total;
+        Some(CpuShares {
+            idle: share(self.idle, later.idle),
+            steal: share(self.steal, later.steal),
+            iowait: share(self.iowait, later.iowait),
         })
     }
 }
@@ -53,11 +78,11 @@ impl MachineAtStart {
     /// start, and the shares of CPU time that were idle and that the host took
     /// (steal: the virtual CPUs were runnable but not run) since the start.
     pub(crate) fn since(&self) -> (String, serde_json::Value) {
-        let shares = self.cpu.zip(CpuTimes::read()).and_then(|(a, b)| {
-            let total = b.total.checked_sub(a.total).filter(|&t| t > 0)? as f64;
-            let share = |x: u64, y: u64| y.saturating_sub(x) as f64 / total;
-            Some((share(a.idle, b.idle), share(a.steal, b.steal)))
-        });
+        let shares = self
+            .cpu
+            .zip(CpuTimes::read())
+            .and_then(|(a, b)| a.shares_until(&b))
+            .map(|s| (s.idle, s.steal));
         let mut parts = Vec::new();
         if let Some(load) = self.load {
             parts.push(format!("load {load:.1} at start"));

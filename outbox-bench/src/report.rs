@@ -215,6 +215,9 @@ fn headlines() -> Vec<Headline> {
                     s.pick("5", "4"),
                     "--drain-events",
                     s.pick("50000", "10000"),
+                    // One drain per arm and round: the three rounds give three.
+                    "--drains",
+                    "1",
                     "--rounds",
                     "3",
                 ])

@@ -593,7 +593,6 @@ async fn produce(pool: &PgPool, rate: u64, seconds: u64, aggregates: u64) -> Res
 /// An arm's live traffic, done: its outbox (the snapshot still held in the held
 /// arm) for the drains that follow.
 struct Traffic {
-    arm: Arm,
     url: String,
     bench: Bench,
     holder: Option<PgConnection>,
@@ -720,7 +719,6 @@ async fn traffic(
         });
     }
     Ok(Traffic {
-        arm,
         url: url.to_string(),
         holder,
         run: Run {
@@ -752,7 +750,7 @@ impl Traffic {
         );
         self.bench.fill(args.drain_events, args.aggregates).await?;
         let drained: Arrivals = Arc::default();
-        let mut relay = RelayProcess::start(binary, &self.url, self.arm.http_port(), &drained)?;
+        let mut relay = RelayProcess::start(binary, &self.url, self.run.arm.http_port(), &drained)?;
         relay.ready().await?;
         let deadline = Instant::now() + Duration::from_secs(600);
         let count = || drained.lock().map(|a| a.len()).unwrap_or(0);
@@ -763,12 +761,14 @@ impl Traffic {
         vacuum.stop().await;
         let drained = drained.lock().map(|a| a.clone()).unwrap_or_default();
         let (Some(first), Some(last)) = (drained.values().min(), drained.values().max()) else {
-            return Err(format!("the {} arm's drain published nothing", self.arm.name()).into());
+            return Err(
+                format!("the {} arm's drain published nothing", self.run.arm.name()).into(),
+            );
         };
         if (drained.len() as u64) < args.drain_events {
             return Err(format!(
                 "the {} arm's drain published {} of {} events in 600 s",
-                self.arm.name(),
+                self.run.arm.name(),
                 drained.len(),
                 args.drain_events
             )
@@ -780,7 +780,7 @@ impl Traffic {
         };
         progress(format!(
             "{} arm: drain {:.0} events/s (VACUUM {:.1} s of it)",
-            self.arm.name(),
+            self.run.arm.name(),
             drain.per_s,
             drain.vacuum_secs
         ));
